@@ -1,0 +1,27 @@
+"""Small, readable Transformer implementations and a catalogue of seeded bugs.
+
+This package depends on torch and safetensors only, never on the rest of maskcheck.
+"""
+
+from .checkpoint import CheckpointError, load_checkpoint, read_config, save_checkpoint, weights_hash
+from .config import PRESETS, ModelConfig, preset
+from .memory import MemoryEstimate, estimate_memory, parameter_count
+from .model import IGNORE_INDEX, KVCache, ModelOutput, Transformer
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PRESETS",
+    "CheckpointError",
+    "KVCache",
+    "MemoryEstimate",
+    "ModelConfig",
+    "ModelOutput",
+    "Transformer",
+    "estimate_memory",
+    "load_checkpoint",
+    "parameter_count",
+    "preset",
+    "read_config",
+    "save_checkpoint",
+    "weights_hash",
+]

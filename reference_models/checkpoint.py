@@ -1,0 +1,102 @@
+"""Safetensors checkpoints whose metadata carries the full config.
+
+The metadata holds ``maskcheck.format`` (an integer version) and ``maskcheck.config``
+(the :class:`ModelConfig` as JSON). Loading into a config whose architecture fields
+differ (norm layout, final norm, norm kind, position scheme, ...) is refused with the
+fields named: the same parameter names under another layout give a model that runs
+and computes something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ARCHITECTURE_FIELDS, ModelConfig
+from .model import Transformer
+
+FORMAT_VERSION = 1
+FORMAT_KEY = "maskcheck.format"
+CONFIG_KEY = "maskcheck.config"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as asked."""
+
+
+def save_checkpoint(model: Transformer, path: str | Path, extra_metadata: dict[str, str] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Tied weights share storage; safetensors stores each tensor once, so drop the alias.
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    metadata = {FORMAT_KEY: str(FORMAT_VERSION), CONFIG_KEY: json.dumps(model.config.to_dict())}
+    metadata.update(extra_metadata or {})
+    save_file(state, str(path), metadata=metadata)
+    return path
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except Exception as exc:  # safetensors raises its own error types for truncated files
+        raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from None
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    metadata = read_metadata(path)
+    if CONFIG_KEY not in metadata:
+        raise CheckpointError(f"{path} has no {CONFIG_KEY!r} metadata: not a maskcheck reference checkpoint")
+    version = int(metadata.get(FORMAT_KEY, "0"))
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has format version {version}; this maskcheck reads up to {FORMAT_VERSION}")
+    return ModelConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+
+
+def architecture_mismatch(saved: ModelConfig, wanted: ModelConfig) -> dict[str, tuple[object, object]]:
+    """Fields whose values differ between the saved and the wanted config: ``{field: (saved, wanted)}``."""
+    return {
+        name: (getattr(saved, name), getattr(wanted, name))
+        for name in ARCHITECTURE_FIELDS
+        if getattr(saved, name) != getattr(wanted, name)
+    }
+
+
+def load_checkpoint(
+    path: str | Path, config: ModelConfig | None = None, *, allow_mismatch: bool = False
+) -> Transformer:
+    """Build a model from ``path``; with ``config``, refuse a different architecture unless allowed."""
+    saved = read_config(path)
+    wanted = saved if config is None else config
+    mismatch = architecture_mismatch(saved, wanted)
+    if mismatch and not allow_mismatch:
+        fields = ", ".join(f"{k}: saved {a!r}, asked {b!r}" for k, (a, b) in mismatch.items())
+        raise CheckpointError(f"{path} was trained with another architecture ({fields}); refusing to load it")
+    model = Transformer(wanted)
+    with safe_open(str(path), framework="pt") as handle:
+        state = {name: handle.get_tensor(name) for name in handle.keys()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (wanted.tie_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit {wanted}: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def weights_hash(path: str | Path) -> str:
+    """A SHA-256 of the checkpoint bytes, to tell when weights behind a spec changed."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+

@@ -1,0 +1,90 @@
+"""Attention masks, built in one place.
+
+Polarity, stated once for the whole package: in every mask here **True means "this
+query may attend to this key"**. Inputs follow the Hugging Face convention for
+padding (``attention_mask`` 1 = real token, 0 = padding). PyTorch's
+``key_padding_mask`` (True = ignore) is the opposite; :func:`check_padding_mask`
+refuses float masks so an additive or inverted mask cannot slip in unnoticed.
+
+Causal order and sliding windows are defined on the absolute *sequence index* of a
+token (its column in the row, counting cached tokens), not on its position id: with
+left padding or packing the two differ, and the index is what decides what came
+before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_padding_mask(mask: Tensor, batch: int, length: int, name: str = "attention_mask") -> Tensor:
+    """Validate a ``[B, T]`` padding mask (1/True = real token) and return it as bool."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(
+            f"{name} must be bool or integer with 1 = real token and 0 = padding, got {mask.dtype}; "
+            "an additive float mask (0 / -inf) is not accepted here"
+        )
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{name} must have shape [B, T] = [{batch}, {length}], got {list(mask.shape)}")
+    if mask.dtype != torch.bool:
+        if ((mask != 0) & (mask != 1)).any():
+            raise ValueError(f"{name} must hold only 0 and 1")
+        mask = mask != 0
+    return mask
+
+
+def build_attention_mask(
+    *,
+    q_index: Tensor,
+    k_index: Tensor,
+    causal: bool,
+    window: int | None = None,
+    key_padding: Tensor | None = None,
+    q_segments: Tensor | None = None,
+    k_segments: Tensor | None = None,
+    batch: int,
+) -> Tensor:
+    """Combine causal, window, padding and segment masks into one ``[B, Tq, Tk]`` bool mask.
+
+    ``q_index [Tq]`` and ``k_index [Tk]`` are absolute sequence indices; ``key_padding
+    [B, Tk]`` is True at real keys; ``q_segments [B, Tq]`` / ``k_segments [B, Tk]`` give
+    each token's packed-sequence id (block-diagonal attention when given).
+    """
+    allowed = torch.ones(q_index.numel(), k_index.numel(), dtype=torch.bool, device=q_index.device)
+    distance = q_index[:, None] - k_index[None, :]  # [Tq, Tk]: how far back the key is
+    if causal:
+        allowed = allowed & (distance >= 0)
+    if window is not None:
+        allowed = allowed & (distance < window)
+    allowed = allowed.expand(batch, -1, -1)  # [B, Tq, Tk]
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, :]
+    if q_segments is not None and k_segments is not None:
+        allowed = allowed & (q_segments[:, :, None] == k_segments[:, None, :])
+    return allowed
+
+
+def positions_from_mask(padding: Tensor, start: Tensor | None = None) -> Tensor:
+    """Position ids that count only real tokens: ``[1, 1, 0, 1, 1] -> [0, 1, 1, 1, 2]``.
+
+    ``padding [B, T]`` is True at real tokens; ``start [B]`` is each row's next position
+    (the number of real tokens already cached). Padded slots get the position of the
+    previous real token (or 0), which keeps every id in range.
+    """
+    counts = padding.long().cumsum(-1)  # [B, T]
+    if start is not None:
+        counts = counts + start[:, None]
+    return (counts - 1).clamp(min=0)
+
+
+def positions_from_segments(segments: Tensor) -> Tensor:
+    """Position ids restarting at 0 at each new segment id: ``[0, 0, 1, 1, 1] -> [0, 1, 0, 1, 2]``."""
+    _, length = segments.shape
+    index = torch.arange(length, device=segments.device).expand_as(segments)  # [B, T]
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values  # [B, T]
+    return index - start_index
