@@ -307,7 +307,7 @@ class Transformer(nn.Module):
         padding, decoder_position_ids = self._inputs(decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache)
         assert cross_cache.cross_keys is not None and cross_cache.cross_values is not None
         assert cross_cache.source_padding is not None
-        cross_mask = cross_cache.source_padding[:, None, :].expand(-1, decoder_input_ids.shape[1], -1)  # [B, T, S]
+        cross_mask = self.cross_mask(cross_cache.source_padding, decoder_input_ids.shape[1])  # [B, T, S]
         if segment_ids is not None and cache is None:
             raise ValueError("packing (segment_ids) is supported for encoders and decoders, not encoder-decoders")
         hidden, new_cache = self.decoder(
@@ -325,6 +325,10 @@ class Transformer(nn.Module):
             source_padding=cross_cache.source_padding,
         )
         return ModelOutput(self.lm_head(hidden), new_cache)
+
+    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
+        """``[B, T, S]`` bool: every decoder position may read every real source token."""
+        return source_padding[:, None, :].expand(-1, length, -1)
 
     def _cross_cache(
         self, input_ids: Tensor | None, attention_mask: Tensor | None, position_ids: Tensor | None, segment_ids: Tensor | None

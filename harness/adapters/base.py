@@ -1,0 +1,187 @@
+"""The adapter protocol: one interface in front of every kind of model.
+
+Mask convention of :class:`Batch`, for every adapter: ``attention_mask`` 1 = real
+token, 0 = padding (Hugging Face). Adapters translate for models that take PyTorch's
+``key_padding_mask`` (True = ignore).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+Family = Literal["encoder", "decoder", "encoder_decoder"]
+AttentionPattern = Literal["causal", "bidirectional", "sliding_window", "prefix_lm", "chunked"]
+Packing = Literal["segment_ids", "position_ids"]
+
+
+class AdapterError(Exception):
+    """The model behind an adapter misbehaved: raised, returned the wrong shape, left eval mode."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model declares about itself; suites read this to decide what applies."""
+
+    family: Family
+    vocab_size: int
+    takes_attention_mask: bool = True
+    takes_position_ids: bool = False
+    derives_positions_from_mask: bool = False
+    packing: Packing | None = None
+    has_cache: bool = False
+    has_loss: bool = False
+    pad_token_id: int | None = None
+    max_length: int | None = None
+    trained_length: int | None = None
+    attention: AttentionPattern = "causal"
+    window: int | None = None  # sliding-window width (a query sees itself and window - 1 keys back)
+    n_layers: int | None = None
+    norm_layout: str | None = None
+    position_scheme: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    tokenizer: Any = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("tokenizer")
+        data["has_tokenizer"] = self.tokenizer is not None
+        return data
+
+
+@dataclass
+class Batch:
+    """Model inputs. ``input_ids [B, T]``; masks ``[B, T]`` with 1 = real token."""
+
+    input_ids: Tensor
+    attention_mask: Tensor | None = None
+    position_ids: Tensor | None = None
+    segment_ids: Tensor | None = None  # 0, 1, 2 ... per packed sequence; -1 for padding
+    decoder_input_ids: Tensor | None = None
+    decoder_attention_mask: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in dataclasses.asdict(self).items()})
+
+    @property
+    def predicted_ids(self) -> Tensor:
+        """The ids at the positions the logits cover (the decoder's, for encoder-decoders)."""
+        return self.input_ids if self.decoder_input_ids is None else self.decoder_input_ids
+
+    @property
+    def predicted_mask(self) -> Tensor | None:
+        return self.attention_mask if self.decoder_input_ids is None else self.decoder_attention_mask
+
+
+def check_logits(logits: Any, batch: int, length: int, vocab_size: int, what: str = "logits") -> Tensor:
+    """Raise :class:`AdapterError` unless ``logits`` is a ``[B, T, V]`` tensor."""
+    if not isinstance(logits, Tensor):
+        raise AdapterError(f"the model returned {type(logits).__name__} for its {what}, expected a tensor [B, T, V]")
+    expected = (batch, length, vocab_size)
+    if tuple(logits.shape) != expected:
+        raise AdapterError(f"the model returned {what} of shape {list(logits.shape)}, expected [B, T, V] = {list(expected)}")
+    return logits
+
+
+class Adapter(abc.ABC):
+    """One model behind the protocol in DESIGN.md.
+
+    Subclasses implement :meth:`_logits` (and optionally loss and cache methods); the
+    public methods run under ``torch.inference_mode``, check the model is still in eval
+    mode, and check the output shape.
+    """
+
+    #: the spec this adapter was built from, or a description when built from an object
+    spec: str = "<object>"
+
+    def __init__(self, model: Any, capabilities: Capabilities) -> None:
+        self.model = model
+        self.capabilities = capabilities
+        if isinstance(model, torch.nn.Module):
+            model.eval()
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def logits(self, batch: Batch) -> Tensor:
+        """Logits ``[B, T, V]`` over the predicted positions."""
+        self._check_eval()
+        with torch.inference_mode():
+            out = self._logits(batch)
+        ids = batch.predicted_ids
+        return check_logits(out, ids.shape[0], ids.shape[1], self.capabilities.vocab_size)
+
+    def loss(self, batch: Batch, labels: Tensor) -> Tensor:
+        """The model's own loss for unshifted ``labels [B, T]`` (-100 ignored)."""
+        if not self.capabilities.has_loss:
+            raise NotImplementedError(f"{self.spec} declares no loss")
+        self._check_eval()
+        with torch.inference_mode():
+            out = self._loss(batch, labels)
+        if not isinstance(out, Tensor) or out.numel() != 1:
+            raise AdapterError(f"the model's loss is {type(out).__name__} {getattr(out, 'shape', '')}, expected a scalar")
+        return out.reshape(())
+
+    def prefill(self, batch: Batch) -> tuple[Tensor, Any]:
+        """Run the prompt; return its logits ``[B, T, V]`` and a state to continue from."""
+        if not self.capabilities.has_cache:
+            raise NotImplementedError(f"{self.spec} declares no cache")
+        self._check_eval()
+        with torch.inference_mode():
+            logits, state = self._prefill(batch)
+        ids = batch.predicted_ids
+        return check_logits(logits, ids.shape[0], ids.shape[1], self.capabilities.vocab_size, "prefill logits"), state
+
+    def step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Any]:
+        """Append ``tokens [B, n]``; the state is consumed. Returns logits ``[B, n, V]`` and the new state."""
+        self._check_eval()
+        if attention_mask is None:
+            attention_mask = torch.ones_like(tokens)
+        with torch.inference_mode():
+            logits, new_state = self._step(state, tokens, attention_mask)
+        return check_logits(logits, tokens.shape[0], tokens.shape[1], self.capabilities.vocab_size, "step logits"), new_state
+
+    def fork(self, state: Any) -> Any:
+        """An independent copy of a state, for when a test branches."""
+        return state
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.spec, "kind": type(self).__name__, "capabilities": self.capabilities.to_dict()}
+
+    # -- for subclasses ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _logits(self, batch: Batch) -> Tensor: ...
+
+    def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _prefill(self, batch: Batch) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    def _step(self, state: Any, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    def _check_eval(self) -> None:
+        if isinstance(self.model, torch.nn.Module) and self.model.training:
+            raise AdapterError(
+                "the model was switched back to train mode after the adapter put it in eval mode; "
+                "dropout would make every comparison noise"
+            )
+
+
+def positions_from_mask(mask: Tensor, start: Tensor | None = None) -> Tensor:
+    """Position ids counting only real tokens (``[0, 0, 1, 1] -> [0, 0, 0, 1]``), offset by ``start [B]``."""
+    counts = mask.long().cumsum(-1)  # [B, T]
+    if start is not None:
+        counts = counts + start[:, None]
+    return (counts - 1).clamp(min=0)

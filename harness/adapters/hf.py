@@ -1,0 +1,282 @@
+"""Adapter for Hugging Face ``transformers`` models: causal LM, masked LM and seq2seq.
+
+Loads only safetensors and never sets ``trust_remote_code`` unless the caller asks.
+The cache keyword of ``forward`` changed name within transformers 5.x
+(``past_key_values`` became ``cache``); the adapter reads the forward signature once
+and uses whichever the installed version has.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from .base import Adapter, AdapterError, Batch, Capabilities, positions_from_mask
+
+Task = Literal["causal-lm", "masked-lm", "seq2seq"]
+TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
+FAMILY_OF_TASK = {"causal-lm": "decoder", "masked-lm": "encoder", "seq2seq": "encoder_decoder"}
+
+
+class HFLoadError(Exception):
+    """A Hugging Face directory that cannot be loaded safely or at all."""
+
+
+@dataclass
+class HFState:
+    cache: Any  # the model's own Cache object, mutated in place by forward
+    mask: Tensor  # [B, T_so_far] of the decoder side
+    next_position: Tensor  # [B]
+    encoder_outputs: Any = None  # seq2seq: the encoder's output, computed once
+    source_mask: Tensor | None = None
+
+
+def infer_task(config: Any) -> Task:
+    """The task a config was saved for: ``architectures`` first, then ``is_encoder_decoder``."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    for architecture in getattr(config, "architectures", None) or []:
+        if architecture.endswith(("ForMaskedLM", "ForPreTraining")):
+            return "masked-lm"
+        if architecture.endswith(("ForCausalLM", "LMHeadModel")):
+            return "causal-lm"
+        if architecture.endswith("ForConditionalGeneration"):
+            return "seq2seq"
+    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "albert", "electra"):
+        return "masked-lm"
+    return "causal-lm"
+
+
+def _auto_class(task: Task) -> Any:
+    import transformers
+
+    return {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }[task]
+
+
+def load_hf_directory(
+    directory: str | Path,
+    *,
+    task: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+) -> Any:
+    """Build a model from a local directory of config.json + safetensors (sharded or not)."""
+    import transformers
+
+    path = Path(directory)
+    if not path.exists():
+        raise HFLoadError(f"no such directory: {path}")
+    if not path.is_dir():
+        raise HFLoadError(f"{path} is not a directory (hf: expects a directory with config.json and safetensors)")
+    if not (path / "config.json").is_file():
+        raise HFLoadError(f"{path} has no config.json")
+    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+        pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+        hint = f" (found pickle weights {pickles}: they can run code when loaded and are refused)" if pickles else ""
+        raise HFLoadError(f"{path} has no safetensors weights{hint}")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HFLoadError(f"{path / 'config.json'} is not valid JSON ({exc})") from None
+    if raw.get("auto_map") and not trust_remote_code:
+        raise HFLoadError(
+            f"{path} needs custom code from the checkpoint (auto_map in config.json); "
+            "maskcheck runs no checkpoint code unless you pass --trust-remote-code"
+        )
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError) as exc:
+        raise HFLoadError(f"{path}: unsupported or unknown architecture ({str(exc).splitlines()[0]})") from None
+    chosen: Task = task if task is not None else infer_task(config)  # type: ignore[assignment]
+    if chosen not in TASKS:
+        raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
+    kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = _auto_class(chosen).from_pretrained(str(path), **kwargs)
+    except ValueError as exc:
+        raise HFLoadError(f"{path}: cannot build a {chosen} model ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise HFLoadError(f"{path}: cannot read the weights ({str(exc).splitlines()[0]})") from None
+    if device is not None:
+        model = model.to(device)
+    return model
+
+
+def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
+    """The attention pattern a config declares: ``(pattern, window)``.
+
+    A ``sliding_window`` counts only when the config class knows the field (a Llama
+    config accepts any keyword and ignores it), when ``use_sliding_window`` does not
+    switch it off, and when every layer uses it (``layer_types``): a single full
+    attention layer lets influence reach back to the start.
+    """
+    if family == "encoder":
+        return "bidirectional", None
+    window = getattr(config, "sliding_window", None)
+    try:
+        known = "sliding_window" in type(config)().to_dict()
+    except Exception:  # some configs cannot be built without arguments
+        known = False
+    if not window or not known or getattr(config, "use_sliding_window", True) is False:
+        return "causal", None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and any(kind != "sliding_attention" for kind in layer_types):
+        return "causal", None
+    return "sliding_window", int(window)
+
+
+class HFAdapter(Adapter):
+    def __init__(self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None) -> None:
+        config = model.config
+        chosen = task or _task_of_model(model)
+        if chosen not in TASKS:
+            raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
+        self.task: Task = chosen  # type: ignore[assignment]
+        family = FAMILY_OF_TASK[chosen]
+        parameters = inspect.signature(model.forward).parameters
+        self.cache_keyword = "cache" if "cache" in parameters else ("past_key_values" if "past_key_values" in parameters else None)
+        attention, window = declared_attention(config, family)
+        parameter = next(model.parameters())
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        capabilities = Capabilities(
+            family=family,  # type: ignore[arg-type]
+            vocab_size=_output_vocab(model),
+            takes_attention_mask="attention_mask" in parameters,
+            takes_position_ids="position_ids" in parameters,
+            derives_positions_from_mask=False,
+            packing="position_ids" if family != "encoder_decoder" and "position_ids" in parameters else None,
+            has_cache=family != "encoder" and self.cache_keyword is not None,
+            has_loss="labels" in parameters,
+            pad_token_id=getattr(text_config, "pad_token_id", None),
+            max_length=getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None),
+            attention=attention,  # type: ignore[arg-type]
+            window=window,
+            n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
+            device=str(parameter.device),
+            dtype=str(parameter.dtype).removeprefix("torch."),
+            tokenizer=tokenizer,
+        )
+        super().__init__(model, capabilities)
+        self.spec = spec
+        self.attn_implementation = getattr(config, "_attn_implementation", None)
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation)
+        return info
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def _inputs(self, batch: Batch) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"input_ids": batch.input_ids}
+        if batch.attention_mask is not None:
+            inputs["attention_mask"] = batch.attention_mask
+        if batch.position_ids is not None:
+            inputs["position_ids"] = batch.position_ids
+        if self.task == "seq2seq":
+            inputs["decoder_input_ids"] = batch.decoder_input_ids
+            if batch.decoder_attention_mask is not None:
+                inputs["decoder_attention_mask"] = batch.decoder_attention_mask
+        if self.cache_keyword is not None and self.task != "masked-lm":
+            inputs["use_cache"] = False
+        return inputs
+
+    def _call(self, **inputs: Any) -> Any:
+        try:
+            return self.model(**inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            raise AdapterError(f"the model raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+    def _logits(self, batch: Batch) -> Tensor:
+        return self._call(**self._inputs(batch)).logits
+
+    def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
+        return self._call(**self._inputs(batch), labels=labels).loss
+
+    # -- cache ----------------------------------------------------------------------------------
+
+    def _cache_of(self, output: Any) -> Any:
+        for name in ("cache", "past_key_values"):
+            value = getattr(output, name, None)
+            if value is not None:
+                return value
+        raise AdapterError("the model returned no cache although use_cache=True")
+
+    def _prefill(self, batch: Batch) -> tuple[Tensor, HFState]:
+        mask = batch.predicted_mask
+        if mask is None:
+            mask = torch.ones_like(batch.predicted_ids)
+        inputs = self._inputs(batch)
+        inputs["use_cache"] = True
+        if self.task == "seq2seq":
+            output = self._call(**inputs)
+            state = HFState(
+                self._cache_of(output),
+                mask,
+                mask.long().sum(-1),
+                encoder_outputs=(output.encoder_last_hidden_state,),
+                source_mask=batch.attention_mask,
+            )
+            return output.logits, state
+        inputs["attention_mask"] = mask
+        if self.capabilities.takes_position_ids and batch.position_ids is None:
+            inputs["position_ids"] = positions_from_mask(mask)
+        output = self._call(**inputs)
+        return output.logits, HFState(self._cache_of(output), mask, mask.long().sum(-1))
+
+    def _step(self, state: HFState, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, HFState]:
+        full_mask = torch.cat([state.mask, attention_mask.to(state.mask.dtype)], dim=1)  # [B, T_so_far + n]
+        inputs: dict[str, Any] = {self.cache_keyword: state.cache, "use_cache": True}  # type: ignore[dict-item]
+        if self.task == "seq2seq":
+            inputs.update(
+                encoder_outputs=state.encoder_outputs,
+                attention_mask=state.source_mask,
+                decoder_input_ids=tokens,
+                decoder_attention_mask=full_mask,
+            )
+        else:
+            inputs.update(input_ids=tokens, attention_mask=full_mask)
+            if self.capabilities.takes_position_ids:
+                inputs["position_ids"] = positions_from_mask(attention_mask, state.next_position)
+        output = self._call(**inputs)
+        next_position = state.next_position + attention_mask.long().sum(-1)
+        return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
+
+    def fork(self, state: HFState) -> HFState:
+        # Cache objects are mutated in place by forward, so a branch needs its own copy.
+        return HFState(copy.deepcopy(state.cache), state.mask, state.next_position, state.encoder_outputs, state.source_mask)
+
+
+def _task_of_model(model: Any) -> str:
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "seq2seq"
+    if name.endswith("ForMaskedLM"):
+        return "masked-lm"
+    return "causal-lm"
+
+
+def _output_vocab(model: Any) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)

@@ -1,0 +1,109 @@
+"""Adapter for the project's own reference models (``ref:`` and ``mutant:`` specs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from reference_models import KVCache, Transformer
+from reference_models.masks import positions_from_segments
+
+from .base import Adapter, Batch, Capabilities, positions_from_mask
+
+
+@dataclass(frozen=True)
+class ReferenceState:
+    cache: KVCache
+    mask: Tensor  # [B, T_so_far], 1 = real token
+    next_position: Tensor  # [B]: number of real tokens so far
+
+
+class ReferenceAdapter(Adapter):
+    """Positions are derived from the mask (or restart per segment), as a careful user would pass them."""
+
+    def __init__(self, model: Transformer, spec: str = "<reference model>") -> None:
+        config = model.config
+        parameter = next(model.parameters())
+        attention = "bidirectional" if config.family == "encoder" else "causal"
+        if config.sliding_window is not None:
+            attention = "sliding_window"
+        capabilities = Capabilities(
+            family=config.family,
+            vocab_size=config.vocab_size,
+            takes_attention_mask=True,
+            takes_position_ids=True,
+            derives_positions_from_mask=True,
+            packing="segment_ids" if config.family != "encoder_decoder" else None,
+            has_cache=config.family != "encoder",
+            has_loss=True,
+            pad_token_id=config.pad_token_id,
+            max_length=config.max_seq_len,
+            attention=attention,
+            window=config.sliding_window,
+            n_layers=config.n_layers,
+            norm_layout=config.norm_layout,
+            position_scheme=config.position,
+            device=str(parameter.device),
+            dtype=str(parameter.dtype).removeprefix("torch."),
+        )
+        super().__init__(model, capabilities)
+        self.spec = spec
+
+    def _positions(self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None) -> Tensor | None:
+        if explicit is not None:
+            return explicit
+        if segments is not None:
+            return positions_from_segments(segments)
+        if mask is not None:
+            return positions_from_mask(mask)
+        return None
+
+    def _forward(self, batch: Batch) -> Any:
+        model: Transformer = self.model
+        positions = self._positions(batch.input_ids, batch.attention_mask, batch.position_ids, batch.segment_ids)
+        if model.config.family != "encoder_decoder":
+            return model(batch.input_ids, batch.attention_mask, positions, batch.segment_ids)
+        decoder_positions = None
+        if batch.decoder_attention_mask is not None:
+            decoder_positions = positions_from_mask(batch.decoder_attention_mask)
+        return model(
+            batch.input_ids,
+            batch.attention_mask,
+            positions,
+            decoder_input_ids=batch.decoder_input_ids,
+            decoder_attention_mask=batch.decoder_attention_mask,
+            decoder_position_ids=decoder_positions,
+        )
+
+    def _logits(self, batch: Batch) -> Tensor:
+        return self._forward(batch).logits
+
+    def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
+        return self.model.loss(self._forward(batch).logits, labels)
+
+    def _prefill(self, batch: Batch) -> tuple[Tensor, ReferenceState]:
+        out = self._forward(batch)
+        mask = batch.predicted_mask
+        if mask is None:
+            mask = torch.ones_like(batch.predicted_ids)
+        return out.logits, ReferenceState(out.cache, mask, mask.long().sum(-1))
+
+    def _step(self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, ReferenceState]:
+        full_mask = torch.cat([state.mask, attention_mask.to(state.mask.dtype)], dim=1)  # [B, T_so_far + n]
+        positions = positions_from_mask(attention_mask, state.next_position)
+        model: Transformer = self.model
+        if model.config.family == "encoder_decoder":
+            out = model(
+                None,
+                decoder_input_ids=tokens,
+                decoder_attention_mask=full_mask,
+                decoder_position_ids=positions,
+                cache=state.cache,
+            )
+        else:
+            out = model(tokens, full_mask, positions, cache=state.cache)
+        next_position = state.next_position + attention_mask.long().sum(-1)
+        return out.logits, ReferenceState(out.cache, full_mask, next_position)

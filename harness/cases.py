@@ -1,0 +1,123 @@
+"""Building blocks for cases: token ids from a seed, padding, perturbation, comparisons.
+
+Token ids are drawn from a ``torch.Generator`` seeded by the case, never by
+Hypothesis directly: the case stays a few integers that shrink well, and the same
+case gives the same ids in every process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .adapters.base import Adapter, Batch
+from .suite import Outcome, RunContext
+from .tolerance import compare_logits
+
+
+def pad_token(adapter: Adapter) -> int:
+    """The id used to fill padded slots: the model's pad id, else 0 (a masked slot's id must not matter)."""
+    pad = adapter.capabilities.pad_token_id
+    return 0 if pad is None else int(pad)
+
+
+def random_ids(seed: int, shape: Sequence[int], vocab_size: int, avoid: int | None = None, device: str = "cpu") -> Tensor:
+    """Uniform ids in ``[0, vocab)``, never equal to ``avoid`` (the pad id) when given."""
+    generator = torch.Generator().manual_seed(seed)
+    if avoid is None or vocab_size < 2:
+        return torch.randint(0, vocab_size, tuple(shape), generator=generator).to(device)
+    ids = torch.randint(0, vocab_size - 1, tuple(shape), generator=generator)
+    return (ids + (ids >= avoid).long()).to(device)
+
+
+def perturb(ids: Tensor, where: Tensor, vocab_size: int, seed: int, avoid: int | None = None) -> Tensor:
+    """A copy of ``ids`` with every position in ``where [B, T]`` changed to another id."""
+    generator = torch.Generator().manual_seed(seed + 1_000_003)
+    offset = torch.randint(1, max(2, vocab_size - 1), ids.shape, generator=generator).to(ids.device)
+    changed = (ids + offset) % vocab_size
+    if avoid is not None and vocab_size > 2:
+        # Skip the pad id and keep the id different from the original.
+        clash = changed == avoid
+        changed = torch.where(clash, (changed + 1) % vocab_size, changed)
+        changed = torch.where(changed == ids, (changed + 1) % vocab_size, changed)
+        changed = torch.where(changed == avoid, (changed + 1) % vocab_size, changed)
+    return torch.where(where.bool(), changed, ids)
+
+
+def pad_rows(rows: Sequence[Tensor], length: int, side: str, pad_id: int, extra: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+    """Stack 1-D id rows into ``[B, length]`` with padding on ``side``; returns (ids, mask)."""
+    batch = len(rows)
+    ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = row.numel()
+        if n > length:
+            raise ValueError(f"row of {n} tokens does not fit in length {length}")
+        start = length - n if side == "left" else 0
+        ids[i, start : start + n] = row
+        mask[i, start : start + n] = 1
+    return ids, mask
+
+
+def positions_for(adapter: Adapter, mask: Tensor) -> Tensor | None:
+    """Position ids derived from the mask, for models that take them (so padding does not shift positions)."""
+    if not adapter.capabilities.takes_position_ids:
+        return None
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def concat(batches: Sequence[Batch]) -> Batch:
+    """Stack batches of the same length along the batch dimension."""
+    fields = {}
+    for f in dataclasses.fields(Batch):
+        values = [getattr(b, f.name) for b in batches]
+        if all(v is None for v in values):
+            fields[f.name] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"cannot concatenate batches where only some have {f.name}")
+        else:
+            fields[f.name] = torch.cat(values, dim=0)
+    return Batch(**fields)
+
+
+def same_shape_outcome(
+    adapter: Adapter,
+    context: RunContext,
+    base: Batch,
+    perturbed: Batch,
+    where: Tensor,
+    what: str,
+) -> Outcome:
+    """Run ``base``, a copy of ``base`` and ``perturbed`` in one forward; the copy gives the
+    repeat floor. Logits at ``where [B, T]`` must not move beyond the same-shape threshold."""
+    size = base.size
+    logits = adapter.logits(concat([base, base, perturbed]))  # [3B, T, V]
+    reference, repeat, test = logits[:size], logits[size : 2 * size], logits[2 * size :]
+    floor = compare_logits(reference, repeat, where).max_diff
+    comparison = compare_logits(reference, test, where)
+    threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
+    return verdict(comparison, floor, threshold, what)
+
+
+def verdict(comparison, floor: float, threshold: float, what: str) -> Outcome:  # type: ignore[no-untyped-def]
+    """Turn a comparison into pass/fail with a message that prints measured, floor and threshold."""
+    if comparison.nonfinite:
+        return Outcome(
+            "fail",
+            float("inf"),
+            floor,
+            threshold,
+            comparison.nonfinite,
+            f"{what}: NaN/inf at {len(comparison.nonfinite)} compared position(s) {comparison.nonfinite[:8]}",
+        )
+    positions = comparison.positions_over(threshold)
+    if comparison.max_diff > threshold:
+        message = (
+            f"{what}: max |d log p| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
+            f"(noise floor {floor:.3g}) at [row, position] {positions[:8]}"
+        )
+        return Outcome("fail", comparison.max_diff, floor, threshold, positions, message)
+    return Outcome("pass", comparison.max_diff, floor, threshold, [], "")

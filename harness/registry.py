@@ -1,0 +1,37 @@
+"""Suites are found through the ``maskcheck.suites`` entry-point group, never imported by name.
+
+maskcheck registers its built-in suites in that group in its own pyproject.toml, so a
+third-party package adds a suite the same way.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any
+
+GROUP = "maskcheck.suites"
+#: the order suites run and are reported in; suites from other packages follow, by name
+BUILTIN_ORDER = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint")
+
+
+class UnknownSuiteError(KeyError):
+    pass
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def suite_names() -> list[str]:
+    names = list(_entry_points())
+    return sorted(names, key=lambda n: (BUILTIN_ORDER.index(n) if n in BUILTIN_ORDER else len(BUILTIN_ORDER), n))
+
+
+def load_suite(name: str) -> Any:
+    """An instance of the suite registered as ``name``."""
+    points = _entry_points()
+    if name not in points:
+        raise UnknownSuiteError(f"unknown suite {name!r}; known: {', '.join(suite_names()) or '(none registered)'}")
+    return points[name].load()()

@@ -1,0 +1,180 @@
+"""The engine behind every surface: run suites against one adapter and collect verdicts.
+
+One failing suite never stops the others: a model that raises, returns the wrong
+shape or misbehaves gives an ``error`` check for that suite, and the audit goes on.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .adapters.base import Adapter, AdapterError
+from .registry import UnknownSuiteError, load_suite, suite_names
+from .specs import LoadOptions, adapter_for, load_adapter
+from .suite import Check, RunContext, run_check
+from .tolerance import tolerance_for
+from .verdict import FAILING, CheckResult, SuiteResult, worst
+
+SCHEMA_VERSION = 1
+#: Hypothesis examples per check for each profile (``--examples`` overrides)
+PROFILE_EXAMPLES = {"dev": 8, "ci": 20, "thorough": 200}
+
+ProgressCallback = Callable[[str, str, SuiteResult | None], None]
+
+
+def maskcheck_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("maskcheck")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass
+class AuditResult:
+    model: str
+    environment: dict[str, Any]
+    suites: list[SuiteResult] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    adapter: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return worst([s.status for s in self.suites])
+
+    @property
+    def exit_code(self) -> int:
+        statuses = [s.status for s in self.suites]
+        if any(s in FAILING for s in statuses):
+            return 1
+        if all(s == "not_applicable" for s in statuses):
+            return 2
+        return 0
+
+    def suite(self, name: str) -> SuiteResult:
+        for result in self.suites:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "maskcheck_version": maskcheck_version(),
+            "environment": self.environment,
+            "suites": [s.to_dict() for s in self.suites],
+            "probes": self.probes,
+        }
+
+
+def environment(adapter: Adapter, seed: int, profile: str) -> dict[str, Any]:
+    import torch
+
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:  # pragma: no cover - a dependency, but the engine does not need it
+        transformers_version = None
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers_version,
+        "python": platform.python_version(),
+        "device": adapter.capabilities.device,
+        "dtype": adapter.capabilities.dtype,
+        "seed": seed,
+        "profile": profile,
+        "attn_implementation": getattr(adapter, "attn_implementation", None),
+    }
+
+
+def audit(
+    model: Any,
+    suites: Sequence[str] | None = None,
+    *,
+    options: LoadOptions | None = None,
+    seed: int = 0,
+    profile: str = "dev",
+    examples: int | None = None,
+    tolerance_overrides: dict[str, dict[str, float]] | None = None,
+    report_dir: str | Path | None = None,
+    progress: ProgressCallback | None = None,
+) -> AuditResult:
+    """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
+
+    Raises :class:`harness.specs.SpecError` when the model cannot be loaded and
+    :class:`harness.registry.UnknownSuiteError` for an unknown suite name.
+    """
+    adapter = load_adapter(model, options) if isinstance(model, str) else adapter_for(model)
+    names = list(suites) if suites else suite_names()
+    loaded = [(name, load_suite(name)) for name in names]  # unknown names fail before any work
+    if profile not in PROFILE_EXAMPLES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILE_EXAMPLES)}")
+    context = RunContext(
+        tolerance=tolerance_for(adapter.capabilities.device, adapter.capabilities.dtype, tolerance_overrides),
+        dtype=adapter.capabilities.dtype,
+        seed=seed,
+        examples=examples if examples is not None else PROFILE_EXAMPLES[profile],
+        report_dir=Path(report_dir) if report_dir is not None else None,
+    )
+    result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe())
+    for name, suite in loaded:
+        if progress:
+            progress("start", name, None)
+        suite_result = run_suite(suite, adapter, context)
+        result.suites.append(suite_result)
+        if progress:
+            progress("done", name, suite_result)
+    return result
+
+
+def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
+    started = time.perf_counter()
+    result = SuiteResult(suite.name)
+    reason = suite.not_applicable(adapter.capabilities)
+    if reason:
+        result.checks.append(CheckResult("applicable", "not_applicable", reason))
+        return result
+    try:
+        checks = suite.checks(adapter, context)
+    except Exception as exc:  # a suite that cannot even plan its checks is an error, not a crash
+        result.checks.append(CheckResult("setup", "error", _describe(exc)))
+        return result
+    for check in checks:
+        if isinstance(check, CheckResult):
+            result.checks.append(check)
+            continue
+        result.checks.append(_run_one(check, context, result))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run_one(check: Check, context: RunContext, result: SuiteResult) -> CheckResult:
+    try:
+        check_result, cases, _ = run_check(check, context)
+    except Exception as exc:
+        return CheckResult(check.name, "error", _describe(exc))
+    result.cases += cases
+    return check_result
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, AdapterError):
+        return str(exc)
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "out of memory: lower the batch size or sequence length (--examples, or a smaller profile)"
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+__all__ = ["AuditResult", "UnknownSuiteError", "audit", "PROFILE_EXAMPLES", "SCHEMA_VERSION"]

@@ -1,0 +1,235 @@
+"""Spec strings -> adapters.
+
+| spec | meaning |
+|---|---|
+| ``ref:PRESET`` | a reference preset (a name: no ``/``, no ``.safetensors``) |
+| ``ref:PATH`` | a reference checkpoint |
+| ``mutant:NAME`` | a seeded bug from ``reference_models.mutants`` |
+| ``hf:DIR`` | a Hugging Face directory (config.json + safetensors) |
+| ``module:pkg.mod:factory`` | a factory returning a PreTrainedModel, an nn.Module or an adapter |
+
+Every problem is a :class:`SpecError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMES = ("ref", "mutant", "hf", "module")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class SpecError(Exception):
+    """A spec that cannot be resolved to a model; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str = "cpu"
+    dtype: str | None = None  # None: keep the model's own dtype
+    task: str | None = None
+    attn_implementation: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    scheme: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.scheme}:{self.target}"
+
+
+def parse_spec(spec: str) -> ParsedSpec:
+    if not isinstance(spec, str) or ":" not in spec:
+        raise SpecError(f"invalid model spec {spec!r}: expected SCHEME:TARGET with SCHEME one of {', '.join(SCHEMES)}")
+    scheme, target = spec.split(":", 1)
+    if scheme not in SCHEMES:
+        raise SpecError(f"unknown spec scheme {scheme!r} in {spec!r}: expected one of {', '.join(SCHEMES)}")
+    if not target.strip():
+        raise SpecError(f"empty target in spec {spec!r}")
+    if scheme == "module" and target.count(":") != 1:
+        raise SpecError(f"module spec {spec!r} must look like module:package.module:factory")
+    return ParsedSpec(scheme, target)
+
+
+def is_reference_path(target: str) -> bool:
+    return "/" in target or target.endswith(".safetensors")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError("--device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+def torch_dtype(name: str | None) -> Any:
+    import torch
+
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise SpecError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def load_adapter(spec: str, options: LoadOptions | None = None) -> Any:
+    """Resolve ``spec`` to an adapter on the requested device and dtype."""
+    options = options or LoadOptions()
+    parsed = parse_spec(spec)
+    device = resolve_device(options.device)
+    dtype = torch_dtype(options.dtype)
+    loader = {"ref": _load_reference, "mutant": _load_mutant, "hf": _load_hf, "module": _load_module}[parsed.scheme]
+    adapter = loader(parsed.target, options, device, dtype)
+    adapter.spec = str(parsed)
+    return adapter
+
+
+def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None, dtype: Any = None, task: str | None = None) -> Any:
+    """Wrap a model object in the adapter that fits its type."""
+    from .adapters.base import Adapter
+
+    if isinstance(model, Adapter):
+        return model
+    from reference_models import Transformer
+
+    if isinstance(model, Transformer):
+        from .adapters.reference import ReferenceAdapter
+
+        return ReferenceAdapter(_place(model, device, dtype), spec)
+    if _is_pretrained(model):
+        from .adapters.hf import HFAdapter
+
+        return HFAdapter(_place(model, device, dtype), spec, task=task)
+    capabilities = getattr(model, "maskcheck_capabilities", None)
+    if capabilities is not None:
+        from .adapters.base import Capabilities
+        from .adapters.module import ModuleAdapter
+
+        if isinstance(capabilities, dict):
+            capabilities = Capabilities(**capabilities)
+        convention = getattr(model, "maskcheck_mask_convention", "keep")
+        return ModuleAdapter(model, capabilities, mask_convention=convention, spec=spec)
+    raise SpecError(
+        f"{spec}: got a {type(model).__name__}; expected a transformers PreTrainedModel, a reference Transformer, "
+        "an Adapter, or an nn.Module with a maskcheck_capabilities attribute"
+    )
+
+
+def _place(model: Any, device: str | None, dtype: Any) -> Any:
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model
+
+
+def _is_pretrained(model: Any) -> bool:
+    if "transformers" not in sys.modules:
+        return False
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel)
+
+
+def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    from reference_models import CheckpointError, PRESETS, Transformer, load_checkpoint, read_config
+
+    if is_reference_path(target):
+        try:
+            config = read_config(target)
+            if options.overrides:
+                config = _override(config, options.overrides)
+            model = load_checkpoint(target, config, allow_mismatch=bool(options.overrides))
+        except (CheckpointError, ValueError, TypeError) as exc:
+            raise SpecError(str(exc)) from None
+    else:
+        if target not in PRESETS:
+            raise SpecError(f"unknown reference preset {target!r}; known: {', '.join(sorted(PRESETS))}")
+        import torch
+
+        config = _override(PRESETS[target], options.overrides) if options.overrides else PRESETS[target]
+        torch.manual_seed(0)  # a preset is a fixed random-init model, the same in every process
+        model = Transformer(config)
+    return adapter_for(model, f"ref:{target}", device=device, dtype=dtype)
+
+
+def _override(config: Any, overrides: dict[str, Any]) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise SpecError(f"unknown override {key!r}; reference config fields: {', '.join(fields)}")
+        changes[key] = _coerce(value, getattr(config, key))
+    try:
+        return config.replace(**changes)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _coerce(value: Any, current: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    if isinstance(current, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise SpecError(f"expected true or false, got {value!r}")
+        return value.lower() in ("true", "1")
+    if isinstance(current, int) or (current is None and value.isdigit()):
+        return None if value.lower() == "none" else int(value)
+    if isinstance(current, float):
+        return float(value)
+    return {"post": "post", "pre": "pre"}.get(value, value)
+
+
+def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    from reference_models import mutants
+
+    try:
+        model = mutants.build(target)
+    except KeyError as exc:
+        raise SpecError(str(exc.args[0])) from None
+    return adapter_for(model, f"mutant:{target}", device=device, dtype=dtype)
+
+
+def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    from .adapters.hf import HFAdapter, HFLoadError, load_hf_directory
+
+    try:
+        model = load_hf_directory(
+            target,
+            task=options.task,
+            dtype=dtype,
+            device=device,
+            attn_implementation=options.attn_implementation,
+            trust_remote_code=options.trust_remote_code,
+        )
+    except HFLoadError as exc:
+        raise SpecError(str(exc)) from None
+    return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task)
+
+
+def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    module_name, factory_name = target.split(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a factory in the current directory works without installing
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"cannot import {module_name!r}: {exc}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise SpecError(f"{module_name} has no callable {factory_name!r}")
+    try:
+        model = factory()
+    except Exception as exc:
+        raise SpecError(f"the factory {target} raised {type(exc).__name__}: {exc}") from None
+    return adapter_for(model, f"module:{target}", device=device, dtype=dtype, task=options.task)

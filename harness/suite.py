@@ -1,0 +1,137 @@
+"""What a suite is, and how one of its checks runs under Hypothesis.
+
+A suite is a set of named checks of one invariance property. A check has a
+Hypothesis strategy that draws a *case* (structure plus an integer seed for token
+ids, so shrinking minimises batch size, lengths and positions) and a function that
+evaluates one case to an :class:`Outcome`. A failing case is shrunk by Hypothesis
+and reported with its outcome.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .adapters.base import Adapter, AdapterError, Capabilities
+from .tolerance import Tolerance
+from .verdict import SEVERITY, CheckResult
+
+
+@dataclass
+class RunContext:
+    tolerance: Tolerance
+    dtype: str = "float32"
+    seed: int = 0
+    examples: int = 20
+    report_dir: Path | None = None
+    shrink: bool = True
+
+
+@dataclass
+class Outcome:
+    """The verdict on one case."""
+
+    status: str  # pass, fail or warn
+    max_diff: float = 0.0
+    floor: float = 0.0
+    threshold: float = 0.0
+    positions: list[list[int]] = field(default_factory=list)
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)  # extra data for pictures and reproduction
+
+    @property
+    def ratio(self) -> float:
+        if self.threshold <= 0:
+            return float("inf") if self.max_diff > 0 else 0.0
+        return self.max_diff / self.threshold
+
+
+@dataclass
+class Check:
+    name: str
+    evaluate: Callable[[Any], Outcome]
+    strategy: st.SearchStrategy[Any]
+    # The most examples worth drawing; a check with a small case space says so.
+    max_examples: int | None = None
+
+
+class CaseFailed(Exception):
+    def __init__(self, case: Any, outcome: Outcome) -> None:
+        super().__init__(outcome.message)
+        self.case = case
+        self.outcome = outcome
+
+
+class Suite(abc.ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    @abc.abstractmethod
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        """Why this suite does not apply to a model, or None when it does."""
+
+    @abc.abstractmethod
+    def checks(self, adapter: Adapter, context: RunContext) -> list[Check | CheckResult]:
+        """The checks to run; a :class:`CheckResult` stands for a check decided up front
+        (``not_applicable`` with its reason)."""
+
+
+def case_to_dict(case: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(case):
+        return dataclasses.asdict(case)  # type: ignore[arg-type]
+    return {"value": repr(case)}
+
+
+def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Outcome | None]:
+    """Run one check over Hypothesis-drawn cases; returns its result, the number of cases
+    evaluated, and the outcome of the failing (shrunk) case, if any."""
+    evaluated = 0
+    worst_seen: dict[str, Any] = {}
+
+    def prop(case: Any) -> None:
+        nonlocal evaluated
+        outcome = check.evaluate(case)
+        evaluated += 1
+        key = (SEVERITY[outcome.status], outcome.ratio)
+        if not worst_seen or key > worst_seen["key"]:
+            worst_seen.update(key=key, case=case, outcome=outcome)
+        if outcome.status == "fail":
+            raise CaseFailed(case, outcome)
+
+    examples = context.examples if check.max_examples is None else min(context.examples, check.max_examples)
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if context.shrink:
+        phases.append(Phase.shrink)
+    test = settings(
+        max_examples=max(1, examples),
+        deadline=None,  # a model forward has no deadline
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        phases=phases,
+        report_multiple_bugs=False,
+    )(given(check.strategy)(prop))
+    test = hypothesis_seed(context.seed)(test)
+    try:
+        test()
+    except CaseFailed as failure:
+        o = failure.outcome
+        result = CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case))
+        return result, evaluated, o
+    except AdapterError as exc:
+        return CheckResult(check.name, "error", str(exc)), evaluated, None
+    if not worst_seen:
+        return CheckResult(check.name, "not_run", "no case was evaluated"), evaluated, None
+    o: Outcome = worst_seen["outcome"]
+    status = "warn" if o.status == "warn" else "pass"
+    message = o.message if status == "warn" else f"{evaluated} cases; worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}"
+    case = case_to_dict(worst_seen["case"])
+    return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case), evaluated, None

@@ -1,0 +1,114 @@
+"""Leakage versus floating-point noise: thresholds from measured noise floors.
+
+Two kinds of comparison, two rules (DESIGN.md, "Tolerance"):
+
+* **same shape** (ids changed at masked positions, future tokens changed): a masked
+  contribution is an exact zero, so the difference of a correct model equals the
+  *repeat floor*, measured in the same forward pass as the difference between a row
+  and an identical copy of it. ``threshold = 2 * floor + same_shape_ulps * eps * scale``.
+* **shape changing** (padded vs unpadded, extra padding, other batch rows of another
+  length): reductions run over other lengths and round differently. Following the
+  FlashAttention rule ``err(test) <= k * err(reference) + arithmetic floor``:
+  ``threshold = k * floor + shape_change_ulps * eps * scale``.
+
+``eps`` is the machine epsilon of the model's compute dtype; ``scale`` is the largest
+magnitude among the compared logits and log-probabilities (at least 1), because
+rounding errors grow with the values rounded. Differences are taken between
+float64 log-softmax values at the compared positions only.
+
+Measured noise floors behind the defaults (``scripts/noise_floor.py``, 2-core CPU,
+worst case over the reference presets and the tiny Hugging Face models of the tests,
+in units of ``eps * scale``): same-shape changes 0 (bitwise identical), shape changes
+up to 3.0 in float32, 1.0 in bfloat16 and 2.0 in float16. The defaults keep a margin
+of about 10x above those floors in float32; a leak in a random-init model with
+``init_std=0.02`` moves logits by about 1e-3, which is above 1e2 ulps at scale 10.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10, "float64": 2.0**-52}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    same_shape_ulps: float
+    shape_change_k: float
+    shape_change_ulps: float
+
+    def same_shape(self, floor: float, dtype: str, scale: float) -> float:
+        return 2.0 * floor + self.same_shape_ulps * EPS[dtype] * scale
+
+    def shape_change(self, floor: float, dtype: str, scale: float) -> float:
+        return self.shape_change_k * floor + self.shape_change_ulps * EPS[dtype] * scale
+
+
+# (device type, dtype) -> defaults; "*" matches any device. Override per key in
+# [tool.maskcheck.tolerance."cpu.float32"] (same_shape_ulps, shape_change_k, shape_change_ulps).
+DEFAULT_TOLERANCES: dict[tuple[str, str], Tolerance] = {
+    ("cpu", "float32"): Tolerance(same_shape_ulps=8, shape_change_k=4, shape_change_ulps=32),
+    ("cuda", "float32"): Tolerance(same_shape_ulps=16, shape_change_k=4, shape_change_ulps=64),
+    ("*", "bfloat16"): Tolerance(same_shape_ulps=2, shape_change_k=4, shape_change_ulps=8),
+    ("*", "float16"): Tolerance(same_shape_ulps=4, shape_change_k=4, shape_change_ulps=16),
+    ("*", "float64"): Tolerance(same_shape_ulps=64, shape_change_k=4, shape_change_ulps=4096),
+}
+
+
+def tolerance_for(device: str, dtype: str, overrides: dict[str, dict[str, float]] | None = None) -> Tolerance:
+    """The tolerance for a device and dtype; ``overrides`` maps ``"cpu.float32"`` to field values."""
+    device_type = device.split(":")[0]
+    base = DEFAULT_TOLERANCES.get((device_type, dtype)) or DEFAULT_TOLERANCES.get(("*", dtype))
+    if base is None:
+        raise ValueError(f"no tolerance for dtype {dtype!r}; known: {sorted({d for _, d in DEFAULT_TOLERANCES})}")
+    for key in (f"*.{dtype}", f"{device_type}.{dtype}"):
+        if overrides and key in overrides:
+            base = replace(base, **{k: float(v) for k, v in overrides[key].items()})
+    return base
+
+
+@dataclass
+class Comparison:
+    """The difference between two logit tensors at the compared positions."""
+
+    max_diff: float
+    scale: float
+    per_position: Tensor  # [B, T] float64, max over the vocabulary (0 where not compared)
+    nonfinite: list[list[int]]  # [row, position] pairs with NaN/inf in the tested logits
+
+    def positions_over(self, threshold: float) -> list[list[int]]:
+        return [[int(b), int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
+
+
+def compare_logits(reference: Tensor, test: Tensor, where: Tensor) -> Comparison:
+    """Compare ``[B, T, V]`` logits at the positions where ``where [B, T]`` is True.
+
+    Differences of float64 log-softmax; NaN or inf in ``test`` (or ``reference``) at a
+    compared position is reported separately and counts as an infinite difference.
+    """
+    where = where.bool().to(reference.device)
+    idx = where.nonzero(as_tuple=True)
+    ref = reference[idx].double()  # [N, V]
+    tst = test[idx].double()  # [N, V]
+    finite = torch.isfinite(ref).all(-1) & torch.isfinite(tst).all(-1)  # [N]
+    per_position = torch.zeros(where.shape, dtype=torch.float64, device=reference.device)
+    if ref.numel() == 0:
+        return Comparison(0.0, 1.0, per_position, [])
+    ref_lp = torch.log_softmax(ref, -1)
+    tst_lp = torch.log_softmax(tst, -1)
+    diff = (ref_lp - tst_lp).abs().amax(-1)  # [N]
+    diff = torch.where(finite, diff, torch.full_like(diff, float("inf")))
+    per_position[idx] = diff
+    finite_values = torch.cat([ref[finite].abs().amax(-1), ref_lp[finite].abs().amax(-1)]) if finite.any() else ref.new_ones(1)
+    scale = max(1.0, float(finite_values.max()))
+    bad = (~finite).nonzero().flatten().tolist()
+    nonfinite = [[int(idx[0][i]), int(idx[1][i])] for i in bad]
+    return Comparison(float(diff.max()), scale, per_position, nonfinite)
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,62 @@
+"""Statuses, check results and suite results, as in DESIGN.md."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["pass", "fail", "warn", "not_applicable", "error", "not_run"]
+
+# Worst first: a suite's status is the worst of its checks.
+SEVERITY: dict[str, int] = {"fail": 5, "error": 4, "not_run": 3, "warn": 2, "pass": 1, "not_applicable": 0}
+FAILING = frozenset({"fail", "error", "not_run"})
+
+
+def worst(statuses: list[str]) -> str:
+    return max(statuses, key=SEVERITY.__getitem__) if statuses else "not_applicable"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: Status
+    message: str = ""
+    max_diff: float | None = None
+    floor: float | None = None
+    threshold: float | None = None
+    positions: list[list[int]] = field(default_factory=list)  # [row, position] pairs that changed
+    case: dict[str, Any] | None = None  # the (shrunk) case that showed it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SuiteResult:
+    name: str
+    checks: list[CheckResult] = field(default_factory=list)
+    cases: int = 0
+    seconds: float = 0.0
+    reproduction: str | None = None
+    picture: str | None = None
+    reason: str = ""  # why the whole suite did not apply or did not run
+
+    @property
+    def status(self) -> str:
+        if not self.checks:
+            return "not_applicable"
+        return worst([c.status for c in self.checks])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "cases": self.cases,
+            "seconds": round(self.seconds, 3),
+            "checks": [c.to_dict() for c in self.checks],
+            "reproduction": self.reproduction,
+            "picture": self.picture,
+        }
+
+    def worst_check(self) -> CheckResult | None:
+        return max(self.checks, key=lambda c: SEVERITY[c.status], default=None)

@@ -1,0 +1,213 @@
+"""Seeded bugs: each model here has exactly one deliberate mistake.
+
+Each mutant is named after the suite that must catch it and records the check that
+should fail. Most are reference models with one method swapped for a buggy
+subclass; the ``hf_*`` mutants patch real Hugging Face models (their attention
+function or forward), so the mutation score is not measured on our own code alone.
+Build one with :func:`build` or the spec ``mutant:NAME``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+from .masks import build_attention_mask
+from .model import IGNORE_INDEX, Stack, Transformer
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    suite: str
+    check: str
+    description: str
+    build: Callable[[], Any]
+
+
+def _reference(config: ModelConfig, **swaps: type) -> Transformer:
+    """A random-init reference model (seed 0) with some submodules' classes swapped."""
+    torch.manual_seed(0)
+    model = Transformer(config)
+    for attribute, cls in swaps.items():
+        if attribute == "model":
+            model.__class__ = cls
+        else:
+            getattr(model, attribute).__class__ = cls
+    return model
+
+
+# -- causal -----------------------------------------------------------------------------------
+
+
+class SeesNextToken(Stack):
+    """Causal mask off by one: ``k <= q + 1`` lets each position read the next token."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return build_attention_mask(
+            q_index=q_index + 1, k_index=k_index, causal=True, key_padding=padding, q_segments=segments, k_segments=segments, batch=batch
+        )
+
+
+class LastLayerBidirectional(Stack):
+    """The causal mask is missing in the last layer only."""
+
+    def layer_mask(self, layer: int, mask: Tensor) -> Tensor:
+        if layer != len(self.blocks) - 1:
+            return mask
+        padding_only = mask.any(dim=1, keepdim=True)  # [B, 1, Tk]: keys some query may see
+        return padding_only.expand_as(mask)
+
+
+class PlainCausalMask(Stack):
+    """Builds a plain causal mask whatever the config says: a sliding window that is
+    declared but ignored, or an encoder that was accidentally made causal."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return build_attention_mask(q_index=q_index, k_index=k_index, causal=True, key_padding=padding, q_segments=segments, k_segments=segments, batch=batch)
+
+
+# -- padding ----------------------------------------------------------------------------------
+
+
+class PaddingIgnored(Stack):
+    """Builds the causal mask but drops the padding mask."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, batch=batch)
+
+
+class PolarityInverted(Stack):
+    """Reads the 1 = keep mask as PyTorch's key_padding_mask (True = ignore)."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, key_padding=~padding, batch=batch)
+
+
+# -- cross-attention --------------------------------------------------------------------------
+
+
+class CrossUnmasked(Transformer):
+    """The decoder's cross-attention reads the source padding."""
+
+    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
+        return torch.ones_like(source_padding)[:, None, :].expand(-1, length, -1)
+
+
+class CrossInverted(Transformer):
+    """Cross-attention mask with inverted polarity: attends to the padding only (or to all when unpadded)."""
+
+    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
+        inverted = ~source_padding
+        inverted = torch.where(inverted.any(-1, keepdim=True), inverted, torch.ones_like(inverted))
+        return inverted[:, None, :].expand(-1, length, -1)
+
+
+# -- loss masking -----------------------------------------------------------------------------
+
+
+class LossWithoutShift(Transformer):
+    """Scores position t against labels[t]: the model is trained to copy its input."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+class LossOverAllPositions(Transformer):
+    """Sums over valid targets but divides by every position, ignored ones included."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / labels.numel()
+
+
+class LossCountsIgnored(Transformer):
+    """Replaces -100 with the pad id before the loss, as a collator that forgot to mask padding."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        labels = labels.masked_fill(labels == IGNORE_INDEX, self.config.pad_token_id)
+        return super().loss(logits, labels)
+
+
+# -- Hugging Face models with a seeded bug ----------------------------------------------------
+
+
+def _hf_attention(name: str, transform: Callable[[Any, Any, Any], Any]) -> str:
+    """Register an SDPA attention function whose mask goes through ``transform(mask, q_len, k_len)``."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any) -> Any:
+        kwargs.pop("is_causal", None)
+        mask = transform(attention_mask, query.shape[2], key.shape[2])
+        return sdpa_attention_forward(module, query, key, value, mask, is_causal=mask is None and query.shape[2] > 1, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    return name
+
+
+def _leak_next(mask: Tensor | None, q_len: int, k_len: int) -> Tensor:
+    q = torch.arange(k_len - q_len, k_len)[:, None]
+    k = torch.arange(k_len)[None, :]
+    return (k <= q + 1)[None, None]  # [1, 1, Tq, Tk]: each query also reads the next key
+
+
+def _drop_padding(mask: Tensor | None, q_len: int, k_len: int) -> None:
+    return None  # SDPA then applies is_causal only: padding is read
+
+
+def _tiny_hf(kind: str, attn_implementation: str) -> Any:
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    else:
+        config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def _hf_gpt2_sees_next() -> Any:
+    return _tiny_hf("gpt2", _hf_attention("maskcheck_sees_next", _leak_next))
+
+
+def _hf_llama_ignores_padding() -> Any:
+    return _tiny_hf("llama", _hf_attention("maskcheck_drop_padding", _drop_padding))
+
+
+DECODER = ModelConfig()
+ENCODER = ModelConfig(family="encoder", position="learned")
+ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
+SLIDING = ModelConfig(sliding_window=3, n_layers=2)
+
+MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in [
+        Mutant("causal_sees_next_token", "causal", "future_tokens", SeesNextToken.__doc__ or "", lambda: _reference(DECODER, decoder=SeesNextToken)),
+        Mutant("causal_last_layer_bidirectional", "causal", "future_tokens", LastLayerBidirectional.__doc__ or "", lambda: _reference(DECODER, decoder=LastLayerBidirectional)),
+        Mutant("causal_window_ignored", "causal", "declared_pattern", "a sliding window is declared but the mask is plain causal", lambda: _reference(SLIDING, decoder=PlainCausalMask)),
+        Mutant("causal_encoder_is_causal", "causal", "declared_pattern", "an encoder built with a causal mask", lambda: _reference(ENCODER, encoder=PlainCausalMask)),
+        Mutant("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", _hf_gpt2_sees_next),
+        Mutant("padding_mask_ignored", "padding", "pad_ids", PaddingIgnored.__doc__ or "", lambda: _reference(DECODER, decoder=PaddingIgnored)),
+        Mutant("padding_polarity_inverted", "padding", "pad_ids", PolarityInverted.__doc__ or "", lambda: _reference(ENCODER, encoder=PolarityInverted)),
+        Mutant("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", _hf_llama_ignores_padding),
+        Mutant("cross_attention_unmasked", "cross_attention", "source_pad_ids", CrossUnmasked.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossUnmasked)),
+        Mutant("cross_attention_inverted", "cross_attention", "source_pad_ids", CrossInverted.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossInverted)),
+        Mutant("loss_without_shift", "loss_masking", "reference_loss", LossWithoutShift.__doc__ or "", lambda: _reference(DECODER, model=LossWithoutShift)),
+        Mutant("loss_over_all_positions", "loss_masking", "reference_loss", LossOverAllPositions.__doc__ or "", lambda: _reference(DECODER, model=LossOverAllPositions)),
+        Mutant("loss_counts_ignored", "loss_masking", "reference_loss", LossCountsIgnored.__doc__ or "", lambda: _reference(DECODER, model=LossCountsIgnored)),
+    ]
+}
+
+
+def build(name: str) -> Any:
+    """Build the mutant ``name`` (a fresh model each call)."""
+    if name not in MUTANTS:
+        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+    return MUTANTS[name].build().eval()

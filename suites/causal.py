@@ -1,0 +1,167 @@
+"""causal: changing future tokens must not change past logits, and the measured
+influence pattern must match the attention pattern the model declares.
+
+Checks
+- ``future_tokens``: change one later id, or every id after position t; logits at
+  positions <= t must not move (same-shape rule). Decoders, and the decoder side of
+  encoder-decoders.
+- ``declared_pattern``: measure which inputs influence which outputs and compare with
+  the declared pattern: no influence from the future (causal), none from further back
+  than L x (W - 1) (sliding window), and an encoder declared bidirectional must really
+  read both ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import pad_token, perturb, random_ids, same_shape_outcome
+from harness.influence import expected_pattern, measure_influence
+from harness.suite import Check, Outcome, RunContext, Suite
+
+MAX_LENGTH = 16
+
+
+@dataclass(frozen=True)
+class FutureCase:
+    batch: int
+    length: int
+    cut: int  # the last protected position t
+    suffix: bool  # change every id after t (True) or one id (False)
+    offset: int  # with suffix=False, change position t + 1 + offset
+    source_length: int  # encoder-decoders: length of the (fixed) source
+    seed: int
+
+
+@dataclass(frozen=True)
+class PatternCase:
+    length: int
+    seed: int
+
+
+def future_cases(max_length: int) -> st.SearchStrategy[FutureCase]:
+    @st.composite
+    def build(draw: st.DrawFn) -> FutureCase:
+        length = draw(st.integers(2, max_length))
+        cut = draw(st.integers(0, length - 2))
+        return FutureCase(
+            batch=draw(st.integers(1, 3)),
+            length=length,
+            cut=cut,
+            suffix=draw(st.booleans()),
+            offset=draw(st.integers(0, length - cut - 2)),
+            source_length=draw(st.integers(1, max_length)),
+            seed=draw(st.integers(0, 2**16)),
+        )
+
+    return build()
+
+
+def model_length(capabilities: Capabilities, cap: int) -> int:
+    return max(2, min(cap, capabilities.max_length or cap))
+
+
+def pattern_length(capabilities: Capabilities) -> int:
+    """Long enough to see a sliding window cut off: its reach plus a few positions."""
+    length = 12
+    if capabilities.attention == "sliding_window" and capabilities.window:
+        length = (capabilities.n_layers or 1) * (capabilities.window - 1) + 4
+    return model_length(capabilities, min(length, 64))
+
+
+def source_batch(adapter: Adapter, batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = random_ids(seed + 7, (batch, length), adapter.capabilities.vocab_size, pad_token(adapter), adapter.capabilities.device)
+    return ids, torch.ones_like(ids)
+
+
+class CausalSuite(Suite):
+    name = "causal"
+    summary = "changing future tokens must not change past logits; influence matches the declared pattern"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        return None  # every model has a pattern to check
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        caps = adapter.capabilities
+        checks: list = []
+        if caps.family != "encoder":
+            checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), future_cases(model_length(caps, MAX_LENGTH))))
+        length = pattern_length(caps)
+        strategy = st.builds(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
+        checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
+        return checks
+
+    # -- future_tokens ----------------------------------------------------------------------
+
+    def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:
+        caps = adapter.capabilities
+        pad = pad_token(adapter)
+        ids = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad, caps.device)
+        position = torch.arange(case.length, device=ids.device)
+        if case.suffix:
+            changed = position > case.cut
+        else:
+            changed = position == case.cut + 1 + case.offset
+        perturbed = perturb(ids, changed.expand_as(ids), caps.vocab_size, case.seed, pad)
+        protected = (position <= case.cut).expand_as(ids)
+        if caps.family == "encoder_decoder":
+            source, source_mask = source_batch(adapter, case.batch, case.source_length, case.seed)
+            base = Batch(source, source_mask, decoder_input_ids=ids)
+            test = Batch(source, source_mask, decoder_input_ids=perturbed)
+        else:
+            base, test = Batch(ids), Batch(perturbed)
+        what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut} changed logits at positions <= {case.cut}"
+        return same_shape_outcome(adapter, context, base, test, protected, what)
+
+    # -- declared_pattern -------------------------------------------------------------------
+
+    def declared_pattern(self, adapter: Adapter, context: RunContext, case: PatternCase) -> Outcome:
+        caps = adapter.capabilities
+        ids = random_ids(case.seed, (1, case.length), caps.vocab_size, pad_token(adapter), caps.device)
+        decoder_side = caps.family == "encoder_decoder"
+        if decoder_side:
+            source, source_mask = source_batch(adapter, 1, 4, case.seed)
+            row = Batch(source, source_mask, decoder_input_ids=ids)
+            pattern = "causal"
+        else:
+            row = Batch(ids)
+            pattern = caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal"
+        influence = measure_influence(adapter, context, row, case.seed, decoder_side)
+        return judge_pattern(influence, expected_pattern(case.length, pattern, caps.window, caps.n_layers), pattern, caps)
+
+
+def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabilities) -> Outcome:  # type: ignore[no-untyped-def]
+    measured = influence.measured
+    leaks = measured & ~expected
+    detail = {"influence": influence.diff.tolist(), "expected": expected.tolist(), "threshold": influence.threshold}
+    described = pattern if pattern != "sliding_window" else f"sliding window W={caps.window} over L={caps.n_layers} layers (reach {(caps.n_layers or 1) * ((caps.window or 1) - 1)})"
+    if leaks.any():
+        cells = leaks.nonzero().tolist()
+        worst = float(influence.diff[leaks].max())
+        message = (
+            f"influence outside the declared {described} pattern: [output, input] {cells[:8]}"
+            f"{' ...' if len(cells) > 8 else ''}; max |d log p| = {worst:.3g} > threshold {influence.threshold:.3g} "
+            f"(noise floor {influence.floor:.3g})"
+        )
+        return Outcome("fail", worst, influence.floor, influence.threshold, [[0, i] for i, _ in cells], message, detail)
+    missing = expected & ~measured & influence.outputs[:, None]
+    strictly_future = torch.triu(torch.ones_like(expected), diagonal=1)
+    if pattern == "bidirectional" and missing[strictly_future].all():
+        message = "declared bidirectional, but no output is influenced by any later input: the model behaves causally"
+        return Outcome("fail", 0.0, influence.floor, influence.threshold, [], message, detail)
+    allowed_diff = float(influence.diff[expected & influence.outputs[:, None]].max()) if expected.any() else 0.0
+    if missing.any() and pattern == "bidirectional":
+        cells = missing.nonzero().tolist()
+        message = f"declared bidirectional, but {len(cells)} output/input pairs show no influence (first {cells[:4]})"
+        return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
+    if missing.any() and pattern == "causal":
+        distance = torch.arange(expected.shape[0])[:, None] - torch.arange(expected.shape[0])[None, :]
+        reach = int(distance[measured].max()) if measured.any() else 0
+        if not (missing & (distance <= reach)).any():
+            message = f"declared full causal attention, but influence reaches back only {reach} positions (an undeclared window?)"
+            return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
+    return Outcome("pass", float(influence.diff[~expected].max()) if (~expected).any() else 0.0, influence.floor, influence.threshold, [], "", detail)
