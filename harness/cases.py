@@ -121,3 +121,57 @@ def verdict(comparison, floor: float, threshold: float, what: str) -> Outcome:  
         )
         return Outcome("fail", comparison.max_diff, floor, threshold, positions, message)
     return Outcome("pass", comparison.max_diff, floor, threshold, [], "")
+
+
+def real_logits(logits: Tensor, mask: Tensor, row: int) -> Tensor:
+    """The logits ``[n, V]`` of the real tokens of one row, in order."""
+    return logits[row][mask[row].bool().to(logits.device)]
+
+
+def aligned_outcome(
+    context: RunContext,
+    pairs: Sequence[tuple[Tensor, Tensor, int]],
+    floor: float,
+    what: str,
+) -> Outcome:
+    """Shape-changing comparison: each pair is (reference ``[n, V]``, test ``[n, V]``, row);
+    the threshold follows the FlashAttention rule (``k * floor + arithmetic floor``)."""
+    longest = max((ref.shape[0] for ref, _, _ in pairs), default=0)
+    if longest == 0:
+        return Outcome("pass", message="no real positions to compare")
+    vocab = pairs[0][0].shape[-1]
+    reference = torch.zeros(len(pairs), longest, vocab, dtype=pairs[0][0].dtype)
+    test = torch.zeros(len(pairs), longest, vocab, dtype=pairs[0][1].dtype)
+    where = torch.zeros(len(pairs), longest, dtype=torch.bool)
+    for i, (ref, tst, _) in enumerate(pairs):
+        reference[i, : ref.shape[0]] = ref.cpu()
+        test[i, : tst.shape[0]] = tst.cpu()
+        where[i, : ref.shape[0]] = True
+    comparison = compare_logits(reference, test, where)
+    rows = [row for _, _, row in pairs]
+    comparison.nonfinite = [[rows[b], t] for b, t in comparison.nonfinite]
+    threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
+    outcome = verdict(comparison, floor, threshold, what)
+    outcome.positions = [[rows[b], t] for b, t in outcome.positions] if not comparison.nonfinite else outcome.positions
+    return outcome
+
+
+def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:
+    """The difference between the two copies of a batch run twice in one forward (``[2B, T, V]``)."""
+    return compare_logits(logits[:size], logits[size : 2 * size], where).max_diff
+
+
+POSITION_CAVEAT = (
+    "; the model takes no position ids and does not derive them from the mask, so left padding shifts "
+    "the positions of real tokens: a real behaviour to know (pad on the right for this model), not a mask leak"
+)
+
+
+def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  # type: ignore[no-untyped-def]
+    """A shape-changing failure under left padding is a ``warn`` for a model whose positions
+    cannot follow the mask: padding moved its positions, which same-shape checks rule out as a leak."""
+    positions_follow_mask = capabilities.takes_position_ids or capabilities.derives_positions_from_mask
+    if outcome.status == "fail" and side == "left" and not positions_follow_mask and outcome.max_diff != float("inf"):
+        outcome.status = "warn"
+        outcome.message += POSITION_CAVEAT
+    return outcome

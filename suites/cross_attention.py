@@ -1,0 +1,91 @@
+"""cross_attention: the decoder must not read the encoder's source padding.
+
+Checks (encoder-decoders only)
+- ``source_pad_ids``: change the ids at padded source slots; decoder logits must not move
+  (same-shape rule).
+- ``source_padding_amount``: a padded source row gives the same decoder logits as the
+  same source unpadded (shape-changing rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import aligned_outcome, concat, left_padding_caveat, pad_rows, pad_token, perturb, random_ids, repeat_floor, same_shape_outcome
+from harness.suite import Check, Outcome, RunContext, Suite
+
+MAX_LENGTH = 10
+
+
+@dataclass(frozen=True)
+class SourceCase:
+    source_lengths: tuple[int, ...]  # real source tokens per row
+    extra: int  # padded source slots beyond the longest row
+    side: str
+    target_length: int
+    seed: int
+
+
+def source_cases(max_length: int) -> st.SearchStrategy[SourceCase]:
+    return st.builds(
+        SourceCase,
+        source_lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
+        extra=st.integers(1, 4),
+        side=st.sampled_from(["right", "left"]),
+        target_length=st.integers(1, max_length),
+        seed=st.integers(0, 2**16),
+    )
+
+
+class CrossAttentionSuite(Suite):
+    name = "cross_attention"
+    summary = "encoder source padding is never read by the decoder"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if capabilities.family != "encoder_decoder":
+            return f"a {capabilities.family} model has no cross-attention"
+        if not capabilities.takes_attention_mask:
+            return "the model takes no source attention mask"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        longest = max(2, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
+        return [
+            Check("source_pad_ids", lambda c: self.source_pad_ids(adapter, context, c), source_cases(longest)),
+            Check("source_padding_amount", lambda c: self.source_padding_amount(adapter, context, c), source_cases(longest)),
+        ]
+
+    def _parts(self, adapter: Adapter, case: SourceCase) -> tuple[list[torch.Tensor], torch.Tensor]:
+        caps, pad = adapter.capabilities, pad_token(adapter)
+        sources = [random_ids(case.seed * 31 + i, (n,), caps.vocab_size, pad) for i, n in enumerate(case.source_lengths)]
+        target = random_ids(case.seed + 5, (len(sources), case.target_length), caps.vocab_size, pad, caps.device)
+        return sources, target
+
+    def _batch(self, adapter: Adapter, sources: list[torch.Tensor], length: int, side: str, target: torch.Tensor) -> Batch:
+        ids, mask = pad_rows(sources, length, side, pad_token(adapter))
+        device = adapter.capabilities.device
+        return Batch(ids.to(device), mask.to(device), decoder_input_ids=target, decoder_attention_mask=torch.ones_like(target))
+
+    def source_pad_ids(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Outcome:
+        sources, target = self._parts(adapter, case)
+        base = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
+        perturbed_source = perturb(base.input_ids, base.attention_mask == 0, adapter.capabilities.vocab_size, case.seed)
+        perturbed = Batch(perturbed_source, base.attention_mask, decoder_input_ids=target, decoder_attention_mask=base.decoder_attention_mask)
+        what = f"changing the ids at {case.side}-padded source slots changed decoder logits"
+        return same_shape_outcome(adapter, context, base, perturbed, torch.ones_like(target, dtype=torch.bool), what)
+
+    def source_padding_amount(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Outcome:
+        sources, target = self._parts(adapter, case)
+        padded = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
+        logits = adapter.logits(concat([padded, padded]))  # [2B, T, V]
+        floor = repeat_floor(logits, padded.size, torch.ones_like(target, dtype=torch.bool))
+        pairs = []
+        for i, source in enumerate(sources):
+            alone = adapter.logits(self._batch(adapter, [source], source.numel(), case.side, target[i : i + 1]))
+            pairs.append((alone[0], logits[i], i))
+        outcome = aligned_outcome(context, pairs, floor, f"decoder logits differ between a {case.side}-padded and an unpadded source")
+        return left_padding_caveat(outcome, adapter.capabilities, case.side)

@@ -1,0 +1,152 @@
+"""loss_masking: the loss counts only valid targets, with the right shift and normaliser.
+
+Checks (models that compute their own loss)
+- ``reference_loss``: the model's loss equals a float64 cross-entropy computed from its
+  own logits: targets shifted by one for decoders (position t predicts token t + 1),
+  unshifted for encoders (MLM) and encoder-decoders, ``-100`` ignored, mean over valid
+  targets. On a mismatch the message says which common mistake the loss matches.
+- ``padded_inputs``: changing the ids at padded slots (labelled -100) leaves the loss
+  unchanged (same-shape rule).
+- ``extra_padding``: adding padding columns (labelled -100) leaves the loss unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+from torch import Tensor
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import left_padding_caveat, pad_rows, pad_token, perturb, positions_for, random_ids
+from harness.suite import Check, Outcome, RunContext, Suite
+
+IGNORE = -100
+MAX_LENGTH = 12
+
+
+@dataclass(frozen=True)
+class LossCase:
+    lengths: tuple[int, ...]
+    extra: int  # padded slots beyond the longest row
+    side: str
+    ignored: int  # how many real targets per row are also set to -100
+    seed: int
+
+
+def loss_cases(max_length: int) -> st.SearchStrategy[LossCase]:
+    return st.builds(
+        LossCase,
+        lengths=st.lists(st.integers(2, max_length), min_size=1, max_size=3).map(tuple),
+        extra=st.integers(1, 4),
+        side=st.sampled_from(["right", "left"]),
+        ignored=st.integers(0, 2),
+        seed=st.integers(0, 2**16),
+    )
+
+
+def reference_cross_entropy(logits: Tensor, labels: Tensor, shift: bool, normaliser: str = "valid") -> float:
+    """Cross-entropy in float64; ``normaliser`` "valid" (the right one) or "all" (a common bug)."""
+    if shift:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    flat_logits = logits.reshape(-1, logits.shape[-1]).double()
+    flat_labels = labels.reshape(-1)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE, reduction="sum")
+    count = (flat_labels != IGNORE).sum() if normaliser == "valid" else flat_labels.numel()
+    return float(total / count)
+
+
+class LossMaskingSuite(Suite):
+    name = "loss_masking"
+    summary = "the loss counts only valid target positions, with the right shift and normaliser"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.has_loss:
+            return "the model computes no loss of its own"
+        if not capabilities.takes_attention_mask:
+            return "the model takes no attention mask"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        longest = max(3, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
+        return [
+            Check("reference_loss", lambda c: self.reference_loss(adapter, context, c), loss_cases(longest)),
+            Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c), loss_cases(longest)),
+            Check("extra_padding", lambda c: self.extra_padding(adapter, context, c), loss_cases(longest)),
+        ]
+
+    def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
+        caps, pad = adapter.capabilities, pad_token(adapter)
+        rows = [random_ids(case.seed * 31 + i, (n,), caps.vocab_size, pad) for i, n in enumerate(case.lengths)]
+        ids, mask = pad_rows(rows, length, case.side, pad)
+        labels = ids.masked_fill(mask == 0, IGNORE)
+        if adapter.capabilities.family == "decoder":
+            # Nothing real precedes a row's first token: unpadded, the shift never scores it;
+            # left-padded, a pad slot would predict it. Label it -100 so both agree.
+            first_real = mask.argmax(-1)
+            labels[torch.arange(len(rows)), first_real] = IGNORE
+        generator = torch.Generator().manual_seed(case.seed)
+        for i, n in enumerate(case.lengths):
+            real = (labels[i] != IGNORE).nonzero().flatten()
+            n = real.numel()
+            chosen = real[torch.randperm(n, generator=generator)[: max(0, min(case.ignored, n - 1))]]
+            labels[i, chosen] = IGNORE
+        ids, mask, labels = ids.to(caps.device), mask.to(caps.device), labels.to(caps.device)
+        if caps.family == "encoder_decoder":
+            source = random_ids(case.seed + 3, (len(rows), 4), caps.vocab_size, pad, caps.device)
+            return Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask), labels
+        return Batch(ids, mask, positions_for(adapter, mask)), labels
+
+    def _judge(self, context: RunContext, measured: float, expected: float, floor: float, what: str, shape_change: bool) -> Outcome:
+        scale = max(1.0, abs(expected))
+        rule = context.tolerance.shape_change if shape_change else context.tolerance.same_shape
+        threshold = rule(floor, context.dtype, scale)
+        diff = abs(measured - expected)
+        if diff != diff or diff > threshold:  # NaN compares unequal to itself
+            message = f"{what}: loss {measured:.6g} vs {expected:.6g}, |diff| = {diff:.3g} > threshold {threshold:.3g} (noise floor {floor:.3g})"
+            return Outcome("fail", diff, floor, threshold, [], message)
+        return Outcome("pass", diff, floor, threshold)
+
+    def reference_loss(self, adapter: Adapter, context: RunContext, case: LossCase) -> Outcome:
+        batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
+        shift = adapter.capabilities.family == "decoder"
+        logits = adapter.logits(batch)
+        measured = float(adapter.loss(batch, labels))
+        expected = reference_cross_entropy(logits, labels, shift)
+        outcome = self._judge(context, measured, expected, 0.0, "the model's loss differs from cross-entropy over valid targets", True)
+        if outcome.status == "fail":
+            outcome.message += "; " + self._diagnose(logits, labels, shift, measured, outcome.threshold)
+        return outcome
+
+    def _diagnose(self, logits: Tensor, labels: Tensor, shift: bool, measured: float, threshold: float) -> str:
+        candidates = {
+            "targets not shifted" if shift else "targets shifted by one": reference_cross_entropy(logits, labels, not shift),
+            "normalised by all positions, not valid targets": reference_cross_entropy(logits, labels, shift, "all"),
+            "ignored (-100) targets counted as padding targets": reference_cross_entropy(logits, labels.masked_fill(labels == IGNORE, 0), shift),
+        }
+        for name, value in candidates.items():
+            if abs(value - measured) <= max(threshold, 1e-6 * abs(value)):
+                return f"it matches a loss with {name} ({value:.6g})"
+        return "it matches none of: " + ", ".join(candidates)
+
+    def padded_inputs(self, adapter: Adapter, context: RunContext, case: LossCase) -> Outcome:
+        batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
+        mask = batch.predicted_mask
+        changed = perturb(batch.predicted_ids, mask == 0, adapter.capabilities.vocab_size, case.seed)
+        if adapter.capabilities.family == "encoder_decoder":
+            perturbed = Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=changed, decoder_attention_mask=mask)
+        else:
+            perturbed = Batch(changed, mask, batch.position_ids)
+        first, repeat = float(adapter.loss(batch, labels)), float(adapter.loss(batch, labels))
+        measured = float(adapter.loss(perturbed, labels))
+        return self._judge(context, measured, first, abs(first - repeat), f"changing the ids at {case.side}-padded slots changed the loss", False)
+
+    def extra_padding(self, adapter: Adapter, context: RunContext, case: LossCase) -> Outcome:
+        narrow, narrow_labels = self._batch(adapter, case, max(case.lengths))
+        wide, wide_labels = self._batch(adapter, case, max(case.lengths) + case.extra)
+        first, repeat = float(adapter.loss(wide, wide_labels)), float(adapter.loss(wide, wide_labels))
+        expected = float(adapter.loss(narrow, narrow_labels))
+        outcome = self._judge(context, first, expected, abs(first - repeat), f"adding {case.extra} {case.side} padding column(s) changed the loss", True)
+        return left_padding_caveat(outcome, adapter.capabilities, case.side)

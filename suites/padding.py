@@ -1,0 +1,208 @@
+"""padding: padded slots must carry no information into real positions.
+
+Checks (encoder-decoders are padded on the decoder side; the source is the
+cross_attention suite's business)
+- ``pad_ids``: change the ids at padded slots, left or right padding; logits at real
+  positions must not move (same-shape rule).
+- ``padded_vs_unpadded``: each row padded in a batch equals the same row run alone,
+  unpadded (shape-changing rule), with position ids derived from the mask where the
+  model takes them.
+- ``extra_padding``: adding all-padding columns changes no real logit.
+- ``batch_composition``: a row's logits do not depend on the other rows of its batch:
+  other contents, other lengths, fully padded rows, and batches with no padding at all
+  (some attention backends build no mask when nothing is padded).
+- ``positions_from_mask``: for models that take position ids, whether left padding
+  without them shifts positions. That is a real behaviour to know, not a leak: ``warn``.
+
+A NaN or inf at a real position fails the check it appears in: a row that attends to
+nothing must not poison the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import (
+    aligned_outcome,
+    left_padding_caveat,
+    concat,
+    pad_rows,
+    pad_token,
+    perturb,
+    positions_for,
+    random_ids,
+    real_logits,
+    repeat_floor,
+    same_shape_outcome,
+)
+from harness.suite import Check, Outcome, RunContext, Suite
+
+MAX_LENGTH = 12
+
+
+@dataclass(frozen=True)
+class PaddedCase:
+    lengths: tuple[int, ...]  # real tokens per row
+    extra: int  # padded slots beyond the longest row (>= 1: every row has padding)
+    side: str  # "left" or "right"
+    seed: int
+
+
+@dataclass(frozen=True)
+class CompositionCase:
+    length: int  # the real tokens of the row under test (row 0)
+    others_a: tuple[int, ...]  # lengths of the other rows in the first batch (0 = fully padded)
+    others_b: tuple[int, ...]
+    side: str
+    seed: int
+
+
+def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[PaddedCase]:
+    return st.builds(
+        PaddedCase,
+        lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
+        extra=st.integers(min_extra, 4),
+        side=st.sampled_from(["right", "left"]),
+        seed=st.integers(0, 2**16),
+    )
+
+
+def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
+    others = st.lists(st.integers(0, max_length), min_size=0, max_size=2).map(tuple)
+    return st.builds(
+        CompositionCase,
+        length=st.integers(1, max_length),
+        others_a=others,
+        others_b=others,
+        side=st.sampled_from(["right", "left"]),
+        seed=st.integers(0, 2**16),
+    )
+
+
+class PaddedBatches:
+    """Builds batches for one adapter, padding the side whose logits it predicts."""
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        self.caps = adapter.capabilities
+        self.pad = pad_token(adapter)
+
+    def rows(self, lengths: tuple[int, ...], seed: int) -> list[torch.Tensor]:
+        return [random_ids(seed * 31 + i, (n,), self.caps.vocab_size, self.pad) for i, n in enumerate(lengths)]
+
+    def batch(
+        self, rows: list[torch.Tensor], length: int, side: str, with_positions: bool = True, first_row: int = 0
+    ) -> Batch:
+        """Pad ``rows`` to ``length``; ``first_row`` is the index of rows[0] in the case, so that an
+        encoder-decoder row gets the same (unpadded) source alone as in its batch."""
+        ids, mask = pad_rows(rows, length, side, self.pad)
+        device = self.caps.device
+        ids, mask = ids.to(device), mask.to(device)
+        if self.caps.family == "encoder_decoder":
+            sources = [random_ids(12345 + first_row + i, (4,), self.caps.vocab_size, self.pad) for i in range(len(rows))]
+            source = torch.stack(sources).to(device)
+            return Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask)
+        positions = positions_for(self.adapter, mask) if with_positions else None
+        return Batch(ids, mask, positions)
+
+    def with_ids(self, batch: Batch, ids: torch.Tensor) -> Batch:
+        if self.caps.family == "encoder_decoder":
+            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=ids, decoder_attention_mask=batch.decoder_attention_mask)
+        return Batch(ids, batch.attention_mask, batch.position_ids)
+
+
+class PaddingSuite(Suite):
+    name = "padding"
+    summary = "padded slots carry no information into real positions, whatever the batch"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.takes_attention_mask:
+            return "the model takes no attention mask, so it cannot be padded"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        caps = adapter.capabilities
+        longest = max(2, min(MAX_LENGTH, (caps.max_length or MAX_LENGTH) - 4))
+        batches = PaddedBatches(adapter)
+        checks = [
+            Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded_cases(longest)),
+            Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded_cases(longest)),
+            Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded_cases(longest)),
+            Check("batch_composition", lambda c: self.batch_composition(batches, context, c), composition_cases(longest)),
+        ]
+        if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
+            checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded_cases(longest), max_examples=3))
+        return checks
+
+    def pad_ids(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        length = max(case.lengths) + case.extra
+        base = b.batch(b.rows(case.lengths, case.seed), length, case.side)
+        ids, mask = base.predicted_ids, base.predicted_mask
+        assert mask is not None
+        perturbed = b.with_ids(base, perturb(ids, mask == 0, b.caps.vocab_size, case.seed))
+        what = f"changing the ids at {case.side}-padded slots changed real logits"
+        return same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what)
+
+    def padded_vs_unpadded(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        rows = b.rows(case.lengths, case.seed)
+        length = max(case.lengths) + case.extra
+        padded = b.batch(rows, length, case.side)
+        mask = padded.predicted_mask
+        logits = b.adapter.logits(concat([padded, padded]))  # [2B, T, V]; the copy gives the floor
+        floor = repeat_floor(logits, padded.size, mask.bool())
+        pairs = []
+        for i, row in enumerate(rows):
+            alone = b.adapter.logits(b.batch([row], row.numel(), case.side, first_row=i))  # [1, n, V]
+            pairs.append((alone[0], real_logits(logits, mask, i), i))
+        outcome = aligned_outcome(context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded")
+        return left_padding_caveat(outcome, b.caps, case.side)
+
+    def extra_padding(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        rows = b.rows(case.lengths, case.seed)
+        shortest = max(case.lengths)
+        base = b.batch(rows, shortest, case.side)
+        wider = b.batch(rows, shortest + case.extra, case.side)
+        logits = b.adapter.logits(concat([wider, wider]))  # [2B, T + extra, V]
+        floor = repeat_floor(logits, wider.size, wider.predicted_mask.bool())
+        reference = b.adapter.logits(base)
+        pairs = [(real_logits(reference, base.predicted_mask, i), real_logits(logits, wider.predicted_mask, i), i) for i in range(len(rows))]
+        outcome = aligned_outcome(context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits")
+        return left_padding_caveat(outcome, b.caps, case.side)
+
+    def batch_composition(self, b: PaddedBatches, context: RunContext, case: CompositionCase) -> Outcome:
+        row = b.rows((case.length,), case.seed)[0]
+        others_a = b.rows(case.others_a, case.seed + 1)
+        others_b = b.rows(case.others_b, case.seed + 2)
+        batch_a = b.batch([row, *others_a], max((case.length, *case.others_a)), case.side)
+        batch_b = b.batch([row, *others_b], max((case.length, *case.others_b)), case.side)
+        logits_a = b.adapter.logits(batch_a)
+        logits_b = b.adapter.logits(concat([batch_b, batch_b]))
+        floor = repeat_floor(logits_b, batch_b.size, batch_b.predicted_mask.bool())
+        pairs = [(real_logits(logits_a, batch_a.predicted_mask, 0), real_logits(logits_b, batch_b.predicted_mask, 0), 0)]
+        what = f"row 0 changed when the other rows changed from lengths {list(case.others_a)} to {list(case.others_b)} ({case.side} padding)"
+        return left_padding_caveat(aligned_outcome(context, pairs, floor, what), b.caps, case.side)
+
+    def positions_from_mask(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        rows = b.rows(case.lengths, case.seed)
+        length = max(case.lengths) + case.extra
+        with_positions = b.batch(rows, length, "left")
+        without = b.batch(rows, length, "left", with_positions=False)
+        mask = with_positions.predicted_mask
+        logits = b.adapter.logits(concat([with_positions, with_positions]))
+        size = with_positions.size
+        floor = repeat_floor(logits, size, mask.bool())
+        logits_without = b.adapter.logits(without)
+        pairs = [(real_logits(logits, mask, i), real_logits(logits_without, mask, i), i) for i in range(size)]
+        outcome = aligned_outcome(context, pairs, floor, "left padding without position_ids")
+        if outcome.status == "fail":
+            outcome.status = "warn"
+            outcome.message = (
+                "the model does not derive positions from attention_mask: with left padding, pass "
+                "position_ids = attention_mask.cumsum(-1) - 1 (as generate() does), or real tokens get shifted positions. "
+                + outcome.message
+            )
+        return outcome
