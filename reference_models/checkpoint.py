@@ -31,14 +31,23 @@ class CheckpointError(ValueError):
 def save_checkpoint(model: Transformer, path: str | Path, extra_metadata: dict[str, str] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Tied weights share storage; safetensors stores each tensor once, so drop the alias.
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in model.state_dict().items()}
-    if model.config.tie_embeddings:
-        state.pop("lm_head.weight", None)
+    state = {name: model.state_dict()[name].detach().contiguous().cpu() for name in _unique_names(model)}
     metadata = {FORMAT_KEY: str(FORMAT_VERSION), CONFIG_KEY: json.dumps(model.config.to_dict())}
     metadata.update(extra_metadata or {})
     save_file(state, str(path), metadata=metadata)
     return path
+
+
+def _unique_names(model: Transformer) -> list[str]:
+    """State-dict names with shared tensors (tied or reused embeddings) listed once:
+    safetensors stores each tensor once, and loading one name fills every alias."""
+    seen: set[int] = set()
+    names = []
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            names.append(name)
+    return names
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -85,7 +94,8 @@ def load_checkpoint(
     with safe_open(str(path), framework="pt") as handle:
         state = {name: handle.get_tensor(name) for name in handle.keys()}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (wanted.tie_embeddings and m == "lm_head.weight")]
+    aliases = set(model.state_dict()) - set(_unique_names(model))
+    missing = [m for m in missing if m not in aliases]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit {wanted}: missing {missing}, unexpected {unexpected}")
     return model.eval()

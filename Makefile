@@ -1,0 +1,24 @@
+# Two entry points: `make demo` (set up, then audit models) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-slow mutation-score clean
+
+setup:
+	@bash scripts/setup.sh 2>&1 | grep -v "^WARNING: Location" || true
+	@test -x $(PY)
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest -n auto -q
+
+test-slow: setup
+	$(PY) -m pytest -n auto -q -m slow
+
+mutation-score: setup
+	$(PY) scripts/mutation_score.py
+
+clean:
+	rm -rf $(VENV) .demo *.egg-info

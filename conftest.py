@@ -1,0 +1,18 @@
+"""Repo-level pytest configuration for maskcheck's own tests."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+# One torch thread per pytest-xdist worker: with -n auto, every core already runs a worker.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+warnings.filterwarnings("ignore", message=".*bos_token_id.*")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(1)

@@ -1,0 +1,170 @@
+"""The ``maskcheck`` command line: audit a model, list what is available.
+
+Exit codes (DESIGN.md): 0 clean; 1 a check failed, errored or did not run; 2 usage or
+loading error, or nothing applicable; 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="maskcheck",
+        description="Verify the masking and caching correctness of a Transformer.",
+        epilog="Specs: ref:PRESET, ref:PATH.safetensors, mutant:NAME, hf:DIR, module:pkg.mod:factory. "
+        "Run 'maskcheck list' for presets, seeded bugs and suites.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    audit = sub.add_parser("audit", help="run the invariance suites against a model", description="Run the invariance suites against one model and print a verdict table.")
+    audit.add_argument("spec", help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory")
+    audit.add_argument("--suites", help="comma-separated suites to run (default: every suite; inapplicable ones report n/a)")
+    audit.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    audit.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the model's own)")
+    audit.add_argument("--attn-implementation", help="Hugging Face attention backend(s), comma-separated, e.g. eager,sdpa: one audit each")
+    audit.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq"], help="hf: override the task read from config.json")
+    audit.add_argument("--examples", type=int, help="Hypothesis examples per check (default: from the profile)")
+    audit.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
+    audit.add_argument("--profile", default="dev", choices=["dev", "ci", "thorough"], help="how many cases to draw (default: dev)")
+    audit.add_argument("--json", dest="json_path", help="write the JSON report here")
+    audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field (forces another layout)")
+    audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
+    audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
+    audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
+
+    sub.add_parser("list", help="list suites, reference presets and seeded bugs", description="List suites, reference presets and seeded bugs.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return cmd_list()
+        return cmd_audit(args)
+    except KeyboardInterrupt:
+        print("maskcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_list() -> int:
+    from reference_models import PRESETS
+    from reference_models.mutants import MUTANTS
+
+    from .registry import load_suite, suite_names
+
+    print("Suites:")
+    for name in suite_names():
+        print(f"  {name:<18} {load_suite(name).summary}")
+    print("\nReference presets (ref:NAME):")
+    for name, config in PRESETS.items():
+        print(f"  {name:<32} {config.family}, {config.norm_layout}-norm {config.norm}, {config.position} positions")
+    print("\nSeeded bugs (mutant:NAME), with the suite and check that must catch them:")
+    for name, mutant in MUTANTS.items():
+        print(f"  {name:<34} {mutant.suite}/{mutant.check}: {mutant.description.splitlines()[0]}")
+    return 0
+
+
+def _overrides(pairs: list[str]) -> dict[str, str]:
+    result = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--override expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .registry import UnknownSuiteError
+    from .runner import audit
+    from .specs import LoadOptions, SpecError
+
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()] if args.suites else None
+    implementations = [a.strip() for a in args.attn_implementation.split(",")] if args.attn_implementation else [None]
+    worst_exit = 0
+    reports: list[dict[str, Any]] = []
+    for implementation in implementations:
+        try:
+            options = LoadOptions(
+                device=args.device,
+                dtype=args.dtype,
+                task=args.task,
+                attn_implementation=implementation,
+                overrides=_overrides(args.override),
+                trust_remote_code=args.trust_remote_code,
+            )
+            progress = None if args.quiet else _progress
+            started = time.perf_counter()
+            result = audit(args.spec, suites, options=options, seed=args.seed, profile=args.profile, examples=args.examples, progress=progress)
+        except (SpecError, UnknownSuiteError, ValueError) as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            print(f"maskcheck: error: {message}", file=sys.stderr)
+            if args.verbose:
+                raise
+            return 2
+        title = result.model + (f" [attn_implementation={implementation}]" if implementation else "")
+        print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
+        reports.append(result.to_dict())
+        worst_exit = max(worst_exit, result.exit_code)
+    if args.json_path:
+        write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
+        print(f"JSON report: {args.json_path}")
+    return worst_exit
+
+
+def _progress(event: str, suite: str, result: Any) -> None:
+    if event == "start":
+        print(f"  running {suite} ...", file=sys.stderr, flush=True)
+
+
+def render_table(result: Any, title: str, seconds: float, verbose: bool = False) -> str:
+    rows = [("suite", "status", "cases", "worst diff / threshold", "reason")]
+    for suite in result.suites:
+        check = suite.worst_check()
+        diff = ""
+        if check is not None and check.max_diff is not None and check.threshold:
+            diff = f"{check.max_diff:.3g} / {check.threshold:.3g}"
+        reason = "" if check is None else (check.message if suite.status != "pass" else "")
+        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff, _one_line(reason)))
+        if verbose:
+            for c in suite.checks:
+                d = f"{c.max_diff:.3g} / {c.threshold:.3g}" if c.max_diff is not None and c.threshold else ""
+                rows.append((f"  {c.name}", STATUS_MARK[c.status], "", d, _one_line(c.message)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"maskcheck audit of {title}"]
+    for r in rows:
+        lines.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+    failing = [c for s in result.suites for c in s.checks if c.status in ("fail", "error")]
+    for c in failing[:6]:
+        if c.case:
+            lines.append(f"  shrunk case for {c.name}: {c.case}")
+    lines.append(f"verdict: {result.status.upper()} in {seconds:.1f}s (exit {result.exit_code})")
+    return "\n".join(lines)
+
+
+def _one_line(text: str, width: int = 110) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""Adapters and specs: Hugging Face round trips through hf:DIR, caches, modules, errors."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.adapters.base import AdapterError, Batch, Capabilities
+from harness.adapters.hf import HFAdapter
+from harness.adapters.module import ModuleAdapter
+from harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from reference_models.hf_tiny import TINY_CONFIGS, tiny_model
+
+HF_NAMES = ["gpt2", "llama", "bert", "t5", "bart"]
+FAMILY = {"causal-lm": "decoder", "masked-lm": "encoder", "seq2seq": "encoder_decoder"}
+
+
+def batch_for(family: str, vocab: int, batch: int = 2, length: int = 6) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    if family == "encoder_decoder":
+        return Batch(ids, mask, decoder_input_ids=ids[:, :4], decoder_attention_mask=mask[:, :4])
+    return Batch(ids, mask)
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("hf")
+    paths = {}
+    for name in HF_NAMES:
+        model = tiny_model(name)
+        model.save_pretrained(root / name, safe_serialization=True)
+        paths[name] = (root / name, model)
+    return paths
+
+
+@pytest.mark.parametrize("name", HF_NAMES)
+def test_hf_directory_round_trip(saved_models, name: str) -> None:  # type: ignore[no-untyped-def]
+    path, original = saved_models[name]
+    assert list(path.glob("*.safetensors")), "saved as safetensors"
+    adapter = load_adapter(f"hf:{path}")
+    family = FAMILY[TINY_CONFIGS[name][1]]
+    assert adapter.capabilities.family == family
+    assert not adapter.model.training, "the adapter puts models in eval mode"
+    batch = batch_for(family, adapter.capabilities.vocab_size)
+    logits = adapter.logits(batch)
+    assert logits.shape == (*batch.predicted_ids.shape, adapter.capabilities.vocab_size)
+    with torch.no_grad():
+        expected = original(**{k: v for k, v in vars(batch).items() if v is not None and k != "segment_ids" and k != "position_ids"}).logits
+    torch.testing.assert_close(logits, expected)
+
+
+def test_sharded_checkpoint_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    adapter = load_adapter(f"hf:{tmp_path}")
+    batch = batch_for("decoder", adapter.capabilities.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.logits(batch), model(input_ids=batch.input_ids).logits)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart"])
+def test_hf_prefill_and_steps_equal_full_forward(name: str) -> None:
+    adapter = HFAdapter(tiny_model(name))
+    family = adapter.capabilities.family
+    batch = batch_for(family, adapter.capabilities.vocab_size, length=7)
+    full = adapter.logits(batch)
+    tokens = batch.predicted_ids
+    first = Batch(batch.input_ids[:, :3], batch.attention_mask[:, :3]) if family == "decoder" else Batch(
+        batch.input_ids, batch.attention_mask, decoder_input_ids=tokens[:, :2], decoder_attention_mask=torch.ones_like(tokens[:, :2])
+    )
+    split = first.predicted_ids.shape[1]
+    logits, state = adapter.prefill(first)
+    pieces = [logits]
+    for start in range(split, tokens.shape[1]):
+        step_logits, state = adapter.step(state, tokens[:, start : start + 1])
+        pieces.append(step_logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+class OldCacheKeyword(torch.nn.Module):
+    """A model whose forward names its cache ``past_key_values``, as early transformers 5.x did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = tiny_model("llama")
+        self.config = self.inner.config
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, labels=None):  # type: ignore[no-untyped-def]
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=past_key_values, use_cache=use_cache, labels=labels)
+        return SimpleNamespace(logits=out.logits, loss=out.loss, past_key_values=out.cache)  # the old output attribute
+
+    def get_output_embeddings(self):  # type: ignore[no-untyped-def]
+        return self.inner.get_output_embeddings()
+
+
+@pytest.mark.parametrize("model_factory, keyword", [(lambda: tiny_model("llama"), "cache"), (OldCacheKeyword, "past_key_values")])
+def test_cache_keyword_is_read_from_the_forward_signature(model_factory, keyword: str) -> None:  # type: ignore[no-untyped-def]
+    adapter = HFAdapter(model_factory(), task="causal-lm")
+    assert adapter.cache_keyword == keyword
+    batch = batch_for("decoder", adapter.capabilities.vocab_size, length=5)
+    full = adapter.logits(batch)
+    logits, state = adapter.prefill(Batch(batch.input_ids[:, :3], batch.attention_mask[:, :3]))
+    forked = adapter.fork(state)
+    step, _ = adapter.step(state, batch.input_ids[:, 3:5])
+    torch.testing.assert_close(torch.cat([logits, step], 1), full, atol=1e-5, rtol=1e-4)
+    again, _ = adapter.step(forked, batch.input_ids[:, 3:5])  # the fork is untouched by the first branch
+    torch.testing.assert_close(again, step)
+
+
+def test_declared_attention_pattern_from_config() -> None:
+    assert HFAdapter(tiny_model("mistral")).capabilities.attention == "sliding_window"
+    assert HFAdapter(tiny_model("mistral")).capabilities.window == 4
+    assert HFAdapter(tiny_model("llama")).capabilities.attention == "causal"
+    assert HFAdapter(tiny_model("bert")).capabilities.attention == "bidirectional"
+
+
+def test_adapter_refuses_a_model_switched_back_to_train_mode() -> None:
+    adapter = HFAdapter(tiny_model("llama"))
+    adapter.model.train()
+    with pytest.raises(AdapterError, match="train mode"):
+        adapter.logits(batch_for("decoder", adapter.capabilities.vocab_size))
+
+
+def test_module_adapter_translates_key_padding_mask() -> None:
+    seen = {}
+
+    def model(input_ids, key_padding_mask):  # type: ignore[no-untyped-def]
+        seen["mask"] = key_padding_mask
+        return torch.zeros(*input_ids.shape, 5)
+
+    adapter = ModuleAdapter(model, Capabilities(family="decoder", vocab_size=5), mask_convention="ignore")
+    adapter.logits(Batch(torch.zeros(1, 3, dtype=torch.long), torch.tensor([[0, 1, 1]])))
+    assert seen["mask"].tolist() == [[True, False, False]]
+
+
+def test_wrong_output_shape_is_an_adapter_error() -> None:
+    adapter = ModuleAdapter(lambda ids, mask: torch.zeros(1, 2, 3), Capabilities(family="decoder", vocab_size=5))
+    with pytest.raises(AdapterError, match=r"expected \[B, T, V\] = \[1, 3, 5\]"):
+        adapter.logits(Batch(torch.zeros(1, 3, dtype=torch.long)))
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nonsense", "expected SCHEME:TARGET"),
+        ("foo:bar", "unknown spec scheme 'foo'"),
+        ("ref:no-such-preset", "unknown reference preset"),
+        ("ref:/no/such/file.safetensors", "no checkpoint file"),
+        ("mutant:no_such_bug", "unknown mutant"),
+        ("hf:/no/such/dir", "no such directory"),
+        ("module:nomodule", "module:package.module:factory"),
+        ("module:no_such_module_xyz:build", "cannot import"),
+    ],
+)
+def test_bad_specs_are_one_line_errors(spec: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        load_adapter(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_hf_directory_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError, match="no config.json"):
+        load_adapter(f"hf:{tmp_path}")
+    tiny_model("llama").save_pretrained(tmp_path, safe_serialization=True)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    with pytest.raises(SpecError, match="pickle weights"):
+        load_adapter(f"hf:{tmp_path}")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.Evil"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(SpecError, match="--trust-remote-code"):
+        load_adapter(f"hf:{tmp_path}")
+
+
+def test_module_spec_from_the_current_directory(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent(
+            """
+            from reference_models.hf_tiny import tiny_model
+            from reference_models import Transformer, preset
+
+            def hf():
+                return tiny_model("gpt2")
+
+            def reference():
+                return Transformer(preset("tiny-decoder"))
+
+            def broken():
+                raise RuntimeError("no weights here")
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_adapter("module:my_models:hf").capabilities.family == "decoder"
+    assert type(load_adapter("module:my_models:reference")).__name__ == "ReferenceAdapter"
+    with pytest.raises(SpecError, match="raised RuntimeError: no weights here"):
+        load_adapter("module:my_models:broken")
+
+
+def test_parse_spec_keeps_colons_in_targets() -> None:
+    assert parse_spec("hf:/a:b").target == "/a:b"
+
+
+def test_reference_override_changes_the_layout() -> None:
+    adapter = load_adapter("ref:tiny-decoder", LoadOptions(overrides={"norm_layout": "post", "final_norm": "false"}))
+    assert adapter.model.config.norm_layout == "post" and adapter.model.config.final_norm is False
+    with pytest.raises(SpecError, match="unknown override"):
+        load_adapter("ref:tiny-decoder", LoadOptions(overrides={"colour": "blue"}))

@@ -1,0 +1,122 @@
+"""The mask suites: pass on every clean model, fail on every seeded bug for the right reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import audit
+from harness.adapters.hf import HFAdapter
+from reference_models import PRESETS
+from reference_models.hf_tiny import TINY_CONFIGS, tiny_model
+from reference_models.mutants import MUTANTS
+
+MASK_SUITES = ["causal", "padding", "cross_attention", "loss_masking"]
+NEVER_FAILING = {"pass", "warn", "not_applicable"}
+
+
+def failures(result) -> list[str]:  # type: ignore[no-untyped-def]
+    return [f"{s.name}/{c.name}: {c.status}: {c.message}" for s in result.suites for c in s.checks if c.status not in NEVER_FAILING]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_clean_reference_models_pass_every_mask_suite(preset: str) -> None:
+    result = audit(f"ref:{preset}", MASK_SUITES)
+    assert not failures(result), failures(result)
+    assert result.suite("causal").status == "pass"
+    # Reference models derive positions from the mask, so nothing should even warn.
+    assert {s.status for s in result.suites} <= {"pass", "not_applicable"}
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_clean_hugging_face_models_pass_every_mask_suite(name: str, implementation: str) -> None:
+    result = audit(HFAdapter(tiny_model(name, implementation)), MASK_SUITES)
+    assert not failures(result), failures(result)
+
+
+def test_expected_warnings_on_hugging_face_models() -> None:
+    """GPT-2 does not derive positions from the mask; BART takes no position ids at all."""
+    gpt2 = audit(HFAdapter(tiny_model("gpt2")), ["padding"]).suite("padding")
+    check = next(c for c in gpt2.checks if c.name == "positions_from_mask")
+    assert check.status == "warn" and "position_ids" in check.message
+    bart = audit(HFAdapter(tiny_model("bart")), ["padding"]).suite("padding")
+    assert any(c.status == "warn" and "left padding shifts" in c.message for c in bart.checks)
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_seeded_bug_fails_its_suite_for_the_right_reason(name: str) -> None:
+    mutant = MUTANTS[name]
+    result = audit(f"mutant:{name}", [mutant.suite])
+    suite = result.suite(mutant.suite)
+    assert suite.status == "fail", f"{name} was not caught: {[(c.name, c.status, c.message) for c in suite.checks]}"
+    check = next(c for c in suite.checks if c.name == mutant.check)
+    assert check.status == "fail", f"{name}: expected {mutant.check} to fail, got {check.status}: {check.message}"
+    assert check.max_diff is not None and check.threshold is not None
+    # A leak is a difference above threshold; a missing influence (a causal encoder) is its absence.
+    assert check.max_diff > check.threshold or "no output is influenced by any later input" in check.message
+    assert result.exit_code == 1
+
+
+@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check != "declared_pattern"])
+def test_failures_shrink_to_a_minimal_case(name: str) -> None:
+    """A leak shrinks to one row of at most four tokens."""
+    mutant = MUTANTS[name]
+    check = next(c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check)
+    case = check.case
+    assert case is not None
+    rows = case.get("batch", len(case.get("lengths", case.get("source_lengths", ()))))
+    assert rows == 1, case
+    tokens = case.get("length") or max(case.get("lengths", case.get("source_lengths", (0,)))) + case.get("extra", 0)
+    assert tokens <= 4, case
+
+
+def test_failure_message_prints_measured_floor_and_threshold() -> None:
+    check = audit("mutant:padding_mask_ignored", ["padding"]).suite("padding").checks[0]
+    assert "max |d log p|" in check.message and "threshold" in check.message and "noise floor" in check.message
+    assert check.positions, "the leaking positions are named"
+
+
+def test_declared_sliding_window_is_enforced() -> None:
+    check = next(c for c in audit("mutant:causal_window_ignored", ["causal"]).suite("causal").checks if c.name == "declared_pattern")
+    assert "sliding window W=3 over L=2 layers (reach 4)" in check.message
+    # Only outputs further than the reach (4) from the start can see too far back.
+    assert check.positions and all(output >= 5 for _, output in check.positions)
+
+
+def test_one_failing_suite_does_not_stop_the_others() -> None:
+    from harness.adapters.base import Capabilities
+    from harness.adapters.module import ModuleAdapter
+
+    def raises(ids, mask):  # type: ignore[no-untyped-def]
+        raise RuntimeError("kaboom")
+
+    result = audit(ModuleAdapter(raises, Capabilities(family="decoder", vocab_size=8)), MASK_SUITES)
+    assert [s.status for s in result.suites] == ["error", "error", "not_applicable", "not_applicable"]
+    assert "kaboom" in result.suite("causal").checks[0].message
+    assert result.exit_code == 1
+
+
+def test_nan_at_a_compared_position_fails() -> None:
+    import torch
+
+    from harness.adapters.base import Capabilities
+    from harness.adapters.module import ModuleAdapter
+
+    def nan_when_padded(ids, mask):  # type: ignore[no-untyped-def]
+        logits = torch.zeros(*ids.shape, 8)
+        return logits + torch.where(mask.all(-1, keepdim=True), 0.0, float("nan"))[..., None]
+
+    result = audit(ModuleAdapter(nan_when_padded, Capabilities(family="encoder", vocab_size=8, attention="bidirectional")), ["padding"])
+    check = next(c for c in result.suite("padding").checks if c.name == "pad_ids")
+    assert check.status == "fail" and "NaN/inf" in check.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(20))
+def test_no_false_positives_across_seeds(seed: int) -> None:
+    for preset in ("tiny-decoder-gqa", "tiny-decoder-sliding", "tiny-encoder", "tiny-encoder-decoder-rotary"):
+        result = audit(f"ref:{preset}", MASK_SUITES, seed=seed)
+        assert not failures(result), (preset, failures(result))
+    for name in ("llama", "mistral", "bert", "t5"):
+        result = audit(HFAdapter(tiny_model(name, "sdpa")), MASK_SUITES, seed=seed)
+        assert not failures(result), (name, failures(result))
