@@ -85,11 +85,25 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return result
 
 
+def _quiet_transformers() -> None:
+    """transformers' load-time progress bars and config warnings drown the verdict table."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from .registry import UnknownSuiteError
     from .runner import audit
     from .specs import LoadOptions, SpecError
 
+    if not args.verbose:
+        _quiet_transformers()
     suites = [s.strip() for s in args.suites.split(",") if s.strip()] if args.suites else None
     implementations = [a.strip() for a in args.attn_implementation.split(",")] if args.attn_implementation else [None]
     worst_exit = 0

@@ -1,0 +1,59 @@
+"""Mutation score: seeded bugs caught by their suite, and false positives on clean models.
+
+    python scripts/mutation_score.py        (or: make mutation-score)
+
+Every seeded bug in reference_models/mutants.py must fail the suite named after it,
+on the check it records; every clean model (reference presets, tiny Hugging Face
+models under eager and sdpa) must fail no suite. Exits 1 unless the score is 100%
+with zero false positives.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import audit  # noqa: E402
+from harness.adapters.hf import HFAdapter  # noqa: E402
+from harness.registry import suite_names  # noqa: E402
+from reference_models import PRESETS  # noqa: E402
+from reference_models.hf_tiny import TINY_CONFIGS, tiny_model  # noqa: E402
+from reference_models.mutants import MUTANTS  # noqa: E402
+
+
+def main() -> int:
+    started = time.perf_counter()
+    suites = suite_names()
+    print(f"Seeded bugs ({len(MUTANTS)}):")
+    caught = 0
+    for name, mutant in MUTANTS.items():
+        result = audit(f"mutant:{name}", [mutant.suite])
+        check = next((c for c in result.suite(mutant.suite).checks if c.name == mutant.check), None)
+        hit = check is not None and check.status == "fail"
+        caught += hit
+        print(f"  {'caught' if hit else 'MISSED':<7} {name:<34} {mutant.suite}/{mutant.check}  case={check.case if check else None}")
+    print(f"\nClean models (suites: {', '.join(suites)}):")
+    false_positives = 0
+    clean = [(f"ref:{p}", f"ref:{p}") for p in PRESETS] + [
+        (f"hf:{n}/{impl}", (n, impl)) for n in TINY_CONFIGS for impl in ("eager", "sdpa")
+    ]
+    for label, target in clean:
+        model = target if isinstance(target, str) else HFAdapter(tiny_model(*target))
+        result = audit(model, suites)
+        bad = [f"{s.name}/{c.name}" for s in result.suites for c in s.checks if c.status in ("fail", "error", "not_run")]
+        false_positives += bool(bad)
+        statuses = " ".join(f"{s.name}={s.status}" for s in result.suites)
+        print(f"  {'FALSE POSITIVE' if bad else 'clean':<14} {label:<36} {statuses}")
+    score = caught / len(MUTANTS)
+    print(f"\nmutation score: {caught}/{len(MUTANTS)} = {score:.0%}; false positives: {false_positives}/{len(clean)} clean models "
+          f"({time.perf_counter() - started:.0f}s)")
+    return 0 if caught == len(MUTANTS) and false_positives == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Measure the noise floors behind the default tolerance table (harness/tolerance.py).
+
+Runs every check of the mask suites on clean models (reference presets and tiny
+Hugging Face models, eager and sdpa) in float32, bfloat16 and float16 on this CPU, and
+prints the largest difference of each kind in units of ``eps(dtype) * scale``: the
+numbers the ``*_ulps`` defaults must stay well above. Clean models only: any
+difference measured here is floating-point noise, not a leak.
+
+    python scripts/noise_floor.py [--examples 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+
+from harness.registry import load_suite  # noqa: E402
+from harness.specs import adapter_for  # noqa: E402
+from harness.suite import Check, RunContext  # noqa: E402
+from harness.tolerance import Tolerance  # noqa: E402
+from reference_models import PRESETS, Transformer  # noqa: E402
+from reference_models.hf_tiny import TINY_CONFIGS, tiny_model  # noqa: E402
+
+# threshold = eps * scale exactly, so outcome.ratio is the difference in units of eps * scale.
+UNIT = Tolerance(same_shape_ulps=1, shape_change_k=0, shape_change_ulps=1)
+SHAPE_CHANGING = {"padded_vs_unpadded", "extra_padding", "batch_composition", "source_padding_amount", "reference_loss"}
+
+
+def models(dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    for name, config in PRESETS.items():
+        torch.manual_seed(0)
+        yield f"ref:{name}", Transformer(config).to(dtype)
+    for name in TINY_CONFIGS:
+        for implementation in ("eager", "sdpa"):
+            yield f"hf:{name}/{implementation}", tiny_model(name, implementation).to(dtype)
+
+
+def measure(check: Check, examples: int) -> float:
+    worst = 0.0
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(check.strategy)
+    def run(case):  # type: ignore[no-untyped-def]
+        nonlocal worst
+        outcome = check.evaluate(case)
+        if outcome.threshold > 0 and "position" not in outcome.message:  # left-padding position shifts are not noise
+            worst = max(worst, outcome.ratio)
+
+    run()
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=10)
+    args = parser.parse_args()
+    suites = [load_suite(n) for n in ("causal", "padding", "cross_attention", "loss_masking")]
+    print(f"{'dtype':<10} {'kind':<14} {'worst (eps*scale)':>18}  where")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
+        for spec, model in models(dtype):
+            adapter = adapter_for(model, spec)
+            context = RunContext(tolerance=UNIT, dtype=adapter.capabilities.dtype, examples=args.examples)
+            for suite in suites:
+                if suite.not_applicable(adapter.capabilities):
+                    continue
+                for check in suite.checks(adapter, context):
+                    if not isinstance(check, Check) or check.name in ("declared_pattern", "positions_from_mask"):
+                        continue
+                    kind = "shape_change" if check.name in SHAPE_CHANGING else "same_shape"
+                    value = measure(check, args.examples)
+                    if value > worst[kind][0]:
+                        worst[kind] = (value, f"{spec} {suite.name}/{check.name}")
+        for kind in ("same_shape", "shape_change"):
+            value, where = worst[kind]
+            print(f"{str(dtype).removeprefix('torch.'):<10} {kind:<14} {value:>18.2f}  {where}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

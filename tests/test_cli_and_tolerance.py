@@ -1,0 +1,101 @@
+"""The command line (exit codes, one-line errors, JSON) and the tolerance table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.tolerance import EPS, Tolerance, compare_logits, tolerance_for
+
+
+def test_list_shows_suites_presets_and_seeded_bugs(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("causal", "loss_masking", "tiny-encoder-decoder", "causal_sees_next_token"):
+        assert word in out
+
+
+def test_audit_of_a_clean_model_exits_0_and_writes_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    report = tmp_path / "out" / "report.json"
+    assert main(["audit", "ref:tiny-decoder", "-q", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: PASS" in out and "causal" in out
+    data = json.loads(report.read_text())
+    assert data["schema_version"] == 1 and data["model"] == "ref:tiny-decoder"
+    assert {s["name"] for s in data["suites"]} >= {"causal", "padding", "cross_attention", "loss_masking"}
+    check = data["suites"][0]["checks"][0]
+    assert set(check) >= {"name", "status", "max_diff", "floor", "threshold", "positions", "message"}
+
+
+def test_audit_of_a_seeded_bug_exits_1_with_the_shrunk_case(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "shrunk case for pad_ids" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["audit", "nope:x"], "unknown spec scheme"),
+        (["audit", "ref:tiny-decoder", "--suites", "causal,bogus"], "unknown suite 'bogus'"),
+        (["audit", "hf:/does/not/exist"], "no such directory"),
+    ],
+)
+def test_usage_and_loading_errors_are_one_line_with_exit_2(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.count("\n") == 0 and "Traceback" not in err
+
+
+def test_nothing_applicable_exits_2(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["audit", "ref:tiny-decoder", "--suites", "cross_attention", "-q"]) == 2
+
+
+def test_console_script_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "audit", "--help"], capture_output=True, text=True, check=True).stdout
+    for option in ("--suites", "--device", "--dtype", "--attn-implementation", "--task", "--examples", "--seed", "--json"):
+        assert option in out
+
+
+def test_importing_the_plugin_does_not_import_torch() -> None:
+    code = "import sys, harness.plugin, harness; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_tolerance_table_selection_and_overrides() -> None:
+    assert tolerance_for("cpu", "float32") == Tolerance(8, 4, 32)
+    assert tolerance_for("cuda:1", "bfloat16") == tolerance_for("cpu", "bfloat16")
+    custom = tolerance_for("cpu", "float32", {"cpu.float32": {"shape_change_ulps": 64}})
+    assert custom.shape_change_ulps == 64 and custom.same_shape_ulps == 8
+    with pytest.raises(ValueError, match="no tolerance"):
+        tolerance_for("cpu", "int8")
+    # Lower precision, looser threshold, for the same floor and scale.
+    t32, t16 = tolerance_for("cpu", "float32"), tolerance_for("cpu", "bfloat16")
+    assert t16.same_shape(0, "bfloat16", 5) > t32.same_shape(0, "float32", 5)
+    assert t32.shape_change(1e-6, "float32", 1) == pytest.approx(4e-6 + 32 * EPS["float32"])
+
+
+def test_compare_logits_only_at_compared_positions_and_flags_nan() -> None:
+    reference = torch.zeros(1, 3, 4)
+    test = reference.clone()
+    test[0, 2] = torch.tensor([5.0, 0, 0, 0])  # differs only at an uncompared position
+    where = torch.tensor([[True, True, False]])
+    assert compare_logits(reference, test, where).max_diff == 0
+    test[0, 1, 0] = float("nan")
+    comparison = compare_logits(reference, test, where)
+    assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_bfloat16_audit_runs() -> None:  # pragma: no cover - exercised on a GPU machine
+    assert main(["audit", "ref:tiny-decoder", "--device", "cuda", "--dtype", "bfloat16", "-q"]) == 0
+
+
+def test_bfloat16_audit_on_cpu_catches_a_leak_and_passes_clean() -> None:
+    assert main(["audit", "ref:tiny-decoder", "--dtype", "bfloat16", "-q"]) == 0
+    assert main(["audit", "mutant:causal_sees_next_token", "--dtype", "bfloat16", "--suites", "causal", "-q"]) == 1
