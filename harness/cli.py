@@ -37,12 +37,25 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
     audit.add_argument("--profile", default="dev", choices=["dev", "ci", "thorough"], help="how many cases to draw (default: dev)")
     audit.add_argument("--json", dest="json_path", help="write the JSON report here")
+    audit.add_argument("--report", dest="report_dir", help="write report.json and the effective-mask picture of every failing mask suite into this directory")
     audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field (forces another layout)")
     audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
 
     sub.add_parser("list", help="list suites, reference presets and seeded bugs", description="List suites, reference presets and seeded bugs.")
+
+    picture = sub.add_parser(
+        "effective-mask",
+        help="draw which input positions influence which outputs",
+        description="Measure the effective mask of a model (perturb each input position, record the change at every "
+        "output) and draw it beside the mask the suite expects, leaks marked.",
+    )
+    picture.add_argument("spec", help="the model spec")
+    picture.add_argument("--suite", choices=["causal", "padding"], default="causal", help="causal: an unpadded row; padding: a row with 2 padded slots")
+    picture.add_argument("--length", type=int, default=10, help="positions in the row (default: 10)")
+    picture.add_argument("--out", default="effective-mask.png", help="PNG path (default: effective-mask.png)")
+    picture.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     return parser
 
 
@@ -51,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "list":
             return cmd_list()
+        if args.command == "effective-mask":
+            return cmd_effective_mask(args)
         return cmd_audit(args)
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
@@ -120,7 +135,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
             )
             progress = None if args.quiet else _progress
             started = time.perf_counter()
-            result = audit(args.spec, suites, options=options, seed=args.seed, profile=args.profile, examples=args.examples, progress=progress)
+            report_dir = args.report_dir
+            if report_dir and implementation:
+                report_dir = str(Path(report_dir) / implementation)
+            result = audit(
+                args.spec,
+                suites,
+                options=options,
+                seed=args.seed,
+                profile=args.profile,
+                examples=args.examples,
+                progress=progress,
+                report_dir=report_dir,
+            )
         except (SpecError, UnknownSuiteError, ValueError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             print(f"maskcheck: error: {message}", file=sys.stderr)
@@ -130,11 +157,36 @@ def cmd_audit(args: argparse.Namespace) -> int:
         title = result.model + (f" [attn_implementation={implementation}]" if implementation else "")
         print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
         reports.append(result.to_dict())
+        if report_dir:
+            write_json(Path(report_dir) / "report.json", result.to_dict())
+            print(f"report: {report_dir}/report.json")
         worst_exit = max(worst_exit, result.exit_code)
     if args.json_path:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
         print(f"JSON report: {args.json_path}")
     return worst_exit
+
+
+def cmd_effective_mask(args: argparse.Namespace) -> int:
+    from .picture import draw_effective_mask
+    from .registry import load_suite
+    from .runner import RunContext
+    from .specs import LoadOptions, SpecError, load_adapter
+    from .tolerance import tolerance_for
+
+    _quiet_transformers()
+    try:
+        adapter = load_adapter(args.spec, LoadOptions(device=args.device))
+    except SpecError as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
+    caps = adapter.capabilities
+    context = RunContext(tolerance=tolerance_for(caps.device, caps.dtype), dtype=caps.dtype)
+    influence, expected = load_suite(args.suite).effective_mask(adapter, context, length=args.length)
+    leaks = int((influence.measured & ~expected).sum())
+    path = draw_effective_mask(influence, expected, args.out, f"{adapter.spec}: {args.suite}")
+    print(f"{path}: {leaks} leaking cell(s) of {expected.numel()}")
+    return 1 if leaks else 0
 
 
 def _progress(event: str, suite: str, result: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from .adapters.base import Adapter, AdapterError
 from .registry import UnknownSuiteError, load_suite, suite_names
 from .specs import LoadOptions, adapter_for, load_adapter
-from .suite import Check, RunContext, run_check
+from .suite import Check, RunContext, run_check  # noqa: F401 - RunContext is part of the API
 from .tolerance import tolerance_for
 from .verdict import FAILING, CheckResult, SuiteResult, worst
 
@@ -152,8 +152,23 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
             result.checks.append(check)
             continue
         result.checks.append(_run_one(check, context, result))
+    if result.status == "fail" and context.report_dir is not None and hasattr(suite, "effective_mask"):
+        result.picture = _draw(suite, adapter, context)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _draw(suite: Any, adapter: Adapter, context: RunContext) -> str | None:
+    """The effective-mask PNG of a failing mask suite; a drawing problem never fails the audit."""
+    from .picture import draw_effective_mask
+
+    try:
+        influence, expected = suite.effective_mask(adapter, context)
+        assert context.report_dir is not None
+        path = context.report_dir / f"{suite.name}-effective-mask.png"
+        return str(draw_effective_mask(influence, expected, path, f"{adapter.spec}: {suite.name}"))
+    except Exception:  # pragma: no cover - reported as a missing picture, not an error
+        return None
 
 
 def _run_one(check: Check, context: RunContext, result: SuiteResult) -> CheckResult:

@@ -95,6 +95,20 @@ class CausalSuite(Suite):
         checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
         return checks
 
+    def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 10) -> tuple:
+        """The influence matrix of one unpadded row and the pattern the model declares."""
+        caps = adapter.capabilities
+        length = model_length(caps, max(length, pattern_length(caps)))
+        ids = random_ids(context.seed, (1, length), caps.vocab_size, pad_token(adapter), caps.device)
+        decoder_side = caps.family == "encoder_decoder"
+        if decoder_side:
+            source, source_mask = source_batch(adapter, 1, 4, context.seed)
+            row, pattern = Batch(source, source_mask, decoder_input_ids=ids), "causal"
+        else:
+            row, pattern = Batch(ids), (caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal")
+        influence = measure_influence(adapter, context, row, context.seed, decoder_side)
+        return influence, expected_pattern(length, pattern, caps.window, caps.n_layers)
+
     # -- future_tokens ----------------------------------------------------------------------
 
     def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:

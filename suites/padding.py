@@ -39,6 +39,7 @@ from harness.cases import (
     repeat_floor,
     same_shape_outcome,
 )
+from harness.influence import expected_pattern, measure_influence
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
@@ -137,6 +138,18 @@ class PaddingSuite(Suite):
         if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
             checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded_cases(longest), max_examples=3))
         return checks
+
+    def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:
+        """The influence matrix of one row with ``padding`` slots (left for decoders, right for
+        encoders) and the expected mask: the declared pattern, restricted to real inputs."""
+        b = PaddedBatches(adapter)
+        side = "right" if b.caps.family == "encoder" else "left"
+        row = b.batch(b.rows((length - padding,), context.seed), length, side)
+        influence = measure_influence(adapter, context, row, context.seed, decoder_side=b.caps.family == "encoder_decoder")
+        pattern = "bidirectional" if b.caps.attention == "bidirectional" else "causal"
+        real = row.predicted_mask[0].bool().cpu()
+        expected = expected_pattern(length, pattern, b.caps.window, b.caps.n_layers) & real[None, :] & real[:, None]
+        return influence, expected
 
     def pad_ids(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
         length = max(case.lengths) + case.extra

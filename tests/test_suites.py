@@ -120,3 +120,42 @@ def test_no_false_positives_across_seeds(seed: int) -> None:
     for name in ("llama", "mistral", "bert", "t5"):
         result = audit(HFAdapter(tiny_model(name, "sdpa")), MASK_SUITES, seed=seed)
         assert not failures(result), (name, failures(result))
+
+
+def leak_cells(spec: str, suite_name: str) -> tuple[set[tuple[int, int]], int]:
+    from harness.registry import load_suite
+    from harness.specs import load_adapter
+    from harness.suite import RunContext
+    from harness.tolerance import tolerance_for
+
+    adapter = load_adapter(spec)
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"))
+    influence, expected = load_suite(suite_name).effective_mask(adapter, context, length=8)
+    return {tuple(c) for c in (influence.measured & ~expected).nonzero().tolist()}, expected.shape[0]
+
+
+def test_effective_mask_marks_exactly_the_cells_each_seeded_bug_leaks() -> None:
+    # Two layers that each read one token ahead: output i reads inputs i+1 and i+2.
+    cells, n = leak_cells("mutant:causal_sees_next_token", "causal")
+    assert cells == {(i, j) for i in range(n) for j in (i + 1, i + 2) if j < n}
+    # The last layer is bidirectional: every output reads every later input.
+    cells, n = leak_cells("mutant:causal_last_layer_bidirectional", "causal")
+    assert cells == {(i, j) for i in range(n) for j in range(i + 1, n)}
+    # Window 3 over 2 layers reaches back 4 positions; without the window every older input leaks.
+    cells, n = leak_cells("mutant:causal_window_ignored", "causal")
+    assert cells == {(i, j) for i in range(n) for j in range(n) if i - j > 4}
+    # Left padding of 2 slots: every real output (2..7) reads both padded inputs (0, 1).
+    assert leak_cells("mutant:padding_mask_ignored", "padding")[0] == {(i, j) for i in range(2, 8) for j in (0, 1)}
+    assert leak_cells("ref:tiny-decoder", "causal")[0] == set() and leak_cells("ref:tiny-encoder", "padding")[0] == set()
+
+
+def test_report_directory_gets_the_picture_of_a_failing_mask_suite(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from harness.cli import main
+
+    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding,causal", "-q", "--report", str(tmp_path)]) == 1
+    assert (tmp_path / "padding-effective-mask.png").stat().st_size > 1000
+    assert not (tmp_path / "causal-effective-mask.png").exists(), "only failing suites get a picture"
+    import json
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["suites"][0]["picture"].endswith("padding-effective-mask.png")
