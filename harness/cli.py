@@ -52,7 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "output) and draw it beside the mask the suite expects, leaks marked.",
     )
     picture.add_argument("spec", help="the model spec")
-    picture.add_argument("--suite", choices=["causal", "padding"], default="causal", help="causal: an unpadded row; padding: a row with 2 padded slots")
+    picture.add_argument(
+        "--suite",
+        choices=["causal", "padding", "cross_attention"],
+        default="causal",
+        help="causal: an unpadded row; padding: a row with 2 padded slots; cross_attention: decoder outputs vs a source with 2 padded slots",
+    )
     picture.add_argument("--length", type=int, default=10, help="positions in the row (default: 10)")
     picture.add_argument("--out", default="effective-mask.png", help="PNG path (default: effective-mask.png)")
     picture.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -113,12 +118,18 @@ def _quiet_transformers() -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
     from .registry import UnknownSuiteError
     from .runner import audit
     from .specs import LoadOptions, SpecError
 
     if not args.verbose:
         _quiet_transformers()
+    try:
+        tolerance_overrides = load_config().get("tolerance")
+    except ConfigError as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
     suites = [s.strip() for s in args.suites.split(",") if s.strip()] if args.suites else None
     implementations = [a.strip() for a in args.attn_implementation.split(",")] if args.attn_implementation else [None]
     worst_exit = 0
@@ -147,6 +158,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 examples=args.examples,
                 progress=progress,
                 report_dir=report_dir,
+                tolerance_overrides=tolerance_overrides,
             )
         except (SpecError, UnknownSuiteError, ValueError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)

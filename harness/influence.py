@@ -33,22 +33,25 @@ class Influence:
 
 
 def measure_influence(adapter: Adapter, context: RunContext, row: Batch, seed: int, decoder_side: bool = False) -> Influence:
-    """Influence matrix of a one-row batch; ``decoder_side`` perturbs decoder ids (encoder-decoders)."""
+    """Influence matrix of a one-row batch: ``[T_out, T_in]`` over the predicted positions and
+    the perturbed ids. ``decoder_side`` perturbs decoder ids; otherwise ``input_ids`` are
+    perturbed (for an encoder-decoder: the source, read through cross-attention)."""
     ids = row.decoder_input_ids if decoder_side else row.input_ids
     assert ids is not None and ids.shape[0] == 1
-    mask = row.decoder_attention_mask if decoder_side else row.attention_mask
+    mask = row.predicted_mask
     length = ids.shape[1]
-    outputs = torch.ones(length, dtype=torch.bool) if mask is None else mask[0].bool().cpu()
+    length_out = row.predicted_ids.shape[1]
+    outputs = torch.ones(length_out, dtype=torch.bool) if mask is None else mask[0].bool().cpu()
     inputs = torch.ones(length, dtype=torch.bool)
     eye = torch.eye(length, dtype=torch.bool)
     perturbed_ids = perturb(ids.expand(length, -1), eye.to(ids.device), adapter.capabilities.vocab_size, seed, pad_token(adapter))
     rows = [row, row]
     for j in range(length):
         rows.append(_with_ids(row, perturbed_ids[j : j + 1], decoder_side))
-    logits = adapter.logits(concat(rows))  # [T + 2, T, V]
+    logits = adapter.logits(concat(rows))  # [T_in + 2, T_out, V]
     where = outputs[None, :].to(logits.device)
     floor = compare_logits(logits[:1], logits[1:2], where).max_diff
-    diff = torch.zeros(length, length, dtype=torch.float64)
+    diff = torch.zeros(length_out, length, dtype=torch.float64)
     scale = 1.0
     for j in range(length):
         comparison = compare_logits(logits[:1], logits[2 + j : 3 + j], where)

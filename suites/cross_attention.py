@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from harness.adapters.base import Adapter, Batch, Capabilities
 from harness.cases import aligned_outcome, concat, left_padding_caveat, pad_rows, pad_token, perturb, random_ids, repeat_floor, same_shape_outcome
+from harness.influence import measure_influence
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 10
@@ -58,6 +59,16 @@ class CrossAttentionSuite(Suite):
             Check("source_pad_ids", lambda c: self.source_pad_ids(adapter, context, c), source_cases(longest)),
             Check("source_padding_amount", lambda c: self.source_padding_amount(adapter, context, c), source_cases(longest)),
         ]
+
+    def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:
+        """Influence of each source position on each decoder output, for a source with
+        ``padding`` right-padded slots; expected: every decoder output may read the real source."""
+        case = SourceCase((length - padding,), padding, "right", 4, context.seed)
+        sources, target = self._parts(adapter, case)
+        row = self._batch(adapter, sources, length, "right", target)
+        influence = measure_influence(adapter, context, row, context.seed)
+        expected = row.attention_mask[0].bool().cpu()[None, :].expand(target.shape[1], -1)
+        return influence, expected
 
     def _parts(self, adapter: Adapter, case: SourceCase) -> tuple[list[torch.Tensor], torch.Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)

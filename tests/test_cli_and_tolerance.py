@@ -99,3 +99,15 @@ def test_cuda_bfloat16_audit_runs() -> None:  # pragma: no cover - exercised on 
 def test_bfloat16_audit_on_cpu_catches_a_leak_and_passes_clean() -> None:
     assert main(["audit", "ref:tiny-decoder", "--dtype", "bfloat16", "-q"]) == 0
     assert main(["audit", "mutant:causal_sees_next_token", "--dtype", "bfloat16", "--suites", "causal", "-q"]) == 1
+
+
+def test_tolerance_from_pyproject_reaches_the_audit(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "pyproject.toml").write_text('[tool.maskcheck.tolerance."cpu.float32"]\nshape_change_ulps = 1000\nsame_shape_ulps = 1000\n')
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "r.json"
+    assert main(["audit", "ref:tiny-decoder", "--suites", "causal", "-q", "--json", str(report)]) == 0
+    threshold = json.loads(report.read_text())["suites"][0]["checks"][0]["threshold"]
+    assert threshold > 100 * 2**-23, "the configured ulps were used"
+    (tmp_path / "pyproject.toml").write_text("[tool.maskcheck]\ntolerance = 3\n")
+    assert main(["audit", "ref:tiny-decoder", "-q"]) == 2
+    assert "must hold tables" in capsys.readouterr().err

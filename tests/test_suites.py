@@ -146,6 +146,10 @@ def test_effective_mask_marks_exactly_the_cells_each_seeded_bug_leaks() -> None:
     assert cells == {(i, j) for i in range(n) for j in range(n) if i - j > 4}
     # Left padding of 2 slots: every real output (2..7) reads both padded inputs (0, 1).
     assert leak_cells("mutant:padding_mask_ignored", "padding")[0] == {(i, j) for i in range(2, 8) for j in (0, 1)}
+    # The decoder reads the two right-padded source slots (6, 7) from every output.
+    cells, _ = leak_cells("mutant:cross_attention_unmasked", "cross_attention")
+    assert cells == {(i, j) for i in range(4) for j in (6, 7)}
+    assert leak_cells("ref:tiny-encoder-decoder", "cross_attention")[0] == set()
     assert leak_cells("ref:tiny-decoder", "causal")[0] == set() and leak_cells("ref:tiny-encoder", "padding")[0] == set()
 
 
