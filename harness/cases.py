@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .adapters.base import Adapter, Batch
+from .adapters.base import Adapter, Batch, positions_from_mask
 from .suite import Outcome, RunContext
 from .tolerance import compare_logits
 
@@ -66,7 +66,7 @@ def positions_for(adapter: Adapter, mask: Tensor) -> Tensor | None:
     """Position ids derived from the mask, for models that take them (so padding does not shift positions)."""
     if not adapter.capabilities.takes_position_ids:
         return None
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return positions_from_mask(mask)
 
 
 def concat(batches: Sequence[Batch]) -> Batch:

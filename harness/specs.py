@@ -187,7 +187,7 @@ def _coerce(value: Any, current: Any) -> Any:
         return None if value.lower() == "none" else int(value)
     if isinstance(current, float):
         return float(value)
-    return {"post": "post", "pre": "pre"}.get(value, value)
+    return value
 
 
 def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
