@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .adapters.base import Adapter, Batch, positions_from_mask
 from .suite import Outcome, RunContext
-from .tolerance import compare_logits
+from .tolerance import Comparison, compare_logits
 
 
 def pad_token(adapter: Adapter) -> int:
@@ -33,6 +33,13 @@ def random_ids(seed: int, shape: Sequence[int], vocab_size: int, avoid: int | No
     return (ids + (ids >= avoid).long()).to(device)
 
 
+def random_rows(adapter: Adapter, lengths: Sequence[int], seed: int) -> list[Tensor]:
+    """One 1-D row of non-pad ids per length; row i depends only on (seed, i), so a row is
+    the same whether it is run in its batch or alone."""
+    vocab, pad = adapter.capabilities.vocab_size, pad_token(adapter)
+    return [random_ids(seed * 31 + i, (n,), vocab, pad) for i, n in enumerate(lengths)]
+
+
 def perturb(ids: Tensor, where: Tensor, vocab_size: int, seed: int, avoid: int | None = None) -> Tensor:
     """A copy of ``ids`` with every position in ``where [B, T]`` changed to another id."""
     generator = torch.Generator().manual_seed(seed + 1_000_003)
@@ -47,7 +54,7 @@ def perturb(ids: Tensor, where: Tensor, vocab_size: int, seed: int, avoid: int |
     return torch.where(where.bool(), changed, ids)
 
 
-def pad_rows(rows: Sequence[Tensor], length: int, side: str, pad_id: int, extra: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+def pad_rows(rows: Sequence[Tensor], length: int, side: str, pad_id: int) -> tuple[Tensor, Tensor]:
     """Stack 1-D id rows into ``[B, length]`` with padding on ``side``; returns (ids, mask)."""
     batch = len(rows)
     ids = torch.full((batch, length), pad_id, dtype=torch.long)
@@ -95,14 +102,13 @@ def same_shape_outcome(
     repeat floor. Logits at ``where [B, T]`` must not move beyond the same-shape threshold."""
     size = base.size
     logits = adapter.logits(concat([base, base, perturbed]))  # [3B, T, V]
-    reference, repeat, test = logits[:size], logits[size : 2 * size], logits[2 * size :]
-    floor = compare_logits(reference, repeat, where).max_diff
-    comparison = compare_logits(reference, test, where)
+    floor = repeat_floor(logits, size, where)
+    comparison = compare_logits(logits[:size], logits[2 * size :], where)
     threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
 
 
-def verdict(comparison, floor: float, threshold: float, what: str) -> Outcome:  # type: ignore[no-untyped-def]
+def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -> Outcome:
     """Turn a comparison into pass/fail with a message that prints measured, floor and threshold."""
     if comparison.nonfinite:
         return Outcome(

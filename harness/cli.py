@@ -182,7 +182,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_effective_mask(args: argparse.Namespace) -> int:
     from .picture import draw_effective_mask
     from .registry import load_suite
-    from .runner import RunContext
+    from .suite import RunContext
     from .specs import LoadOptions, SpecError, load_adapter
     from .tolerance import tolerance_for
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from .adapters.base import Adapter, AdapterError
 from .registry import UnknownSuiteError, load_suite, suite_names
 from .specs import LoadOptions, adapter_for, load_adapter
-from .suite import Check, RunContext, run_check  # noqa: F401 - RunContext is part of the API
+from .suite import Check, RunContext, run_check
 from .tolerance import tolerance_for
 from .verdict import FAILING, CheckResult, SuiteResult, worst
 

@@ -97,17 +97,9 @@ class CausalSuite(Suite):
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 10) -> tuple:
         """The influence matrix of one unpadded row and the pattern the model declares."""
-        caps = adapter.capabilities
-        length = model_length(caps, max(length, pattern_length(caps)))
-        ids = random_ids(context.seed, (1, length), caps.vocab_size, pad_token(adapter), caps.device)
-        decoder_side = caps.family == "encoder_decoder"
-        if decoder_side:
-            source, source_mask = source_batch(adapter, 1, 4, context.seed)
-            row, pattern = Batch(source, source_mask, decoder_input_ids=ids), "causal"
-        else:
-            row, pattern = Batch(ids), (caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal")
-        influence = measure_influence(adapter, context, row, context.seed, decoder_side)
-        return influence, expected_pattern(length, pattern, caps.window, caps.n_layers)
+        length = model_length(adapter.capabilities, max(length, pattern_length(adapter.capabilities)))
+        influence, expected, _ = measure_pattern(adapter, context, length, context.seed)
+        return influence, expected
 
     # -- future_tokens ----------------------------------------------------------------------
 
@@ -134,18 +126,24 @@ class CausalSuite(Suite):
     # -- declared_pattern -------------------------------------------------------------------
 
     def declared_pattern(self, adapter: Adapter, context: RunContext, case: PatternCase) -> Outcome:
-        caps = adapter.capabilities
-        ids = random_ids(case.seed, (1, case.length), caps.vocab_size, pad_token(adapter), caps.device)
-        decoder_side = caps.family == "encoder_decoder"
-        if decoder_side:
-            source, source_mask = source_batch(adapter, 1, 4, case.seed)
-            row = Batch(source, source_mask, decoder_input_ids=ids)
-            pattern = "causal"
-        else:
-            row = Batch(ids)
-            pattern = caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal"
-        influence = measure_influence(adapter, context, row, case.seed, decoder_side)
-        return judge_pattern(influence, expected_pattern(case.length, pattern, caps.window, caps.n_layers), pattern, caps)
+        influence, expected, pattern = measure_pattern(adapter, context, case.length, case.seed)
+        return judge_pattern(influence, expected, pattern, adapter.capabilities)
+
+
+def measure_pattern(adapter: Adapter, context: RunContext, length: int, seed: int) -> tuple:
+    """Influence of one unpadded row (the decoder's, for encoder-decoders), the pattern it
+    should follow, and that pattern's name."""
+    caps = adapter.capabilities
+    ids = random_ids(seed, (1, length), caps.vocab_size, pad_token(adapter), caps.device)
+    decoder_side = caps.family == "encoder_decoder"
+    if decoder_side:
+        source, source_mask = source_batch(adapter, 1, 4, seed)
+        row, pattern = Batch(source, source_mask, decoder_input_ids=ids), "causal"
+    else:
+        row = Batch(ids)
+        pattern = caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal"
+    influence = measure_influence(adapter, context, row, seed, decoder_side)
+    return influence, expected_pattern(length, pattern, caps.window, caps.n_layers), pattern
 
 
 def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabilities) -> Outcome:  # type: ignore[no-untyped-def]

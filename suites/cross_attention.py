@@ -15,7 +15,18 @@ import torch
 from hypothesis import strategies as st
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import aligned_outcome, concat, left_padding_caveat, pad_rows, pad_token, perturb, random_ids, repeat_floor, same_shape_outcome
+from harness.cases import (
+    aligned_outcome,
+    concat,
+    left_padding_caveat,
+    pad_rows,
+    pad_token,
+    perturb,
+    random_ids,
+    random_rows,
+    repeat_floor,
+    same_shape_outcome,
+)
 from harness.influence import measure_influence
 from harness.suite import Check, Outcome, RunContext, Suite
 
@@ -72,7 +83,7 @@ class CrossAttentionSuite(Suite):
 
     def _parts(self, adapter: Adapter, case: SourceCase) -> tuple[list[torch.Tensor], torch.Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)
-        sources = [random_ids(case.seed * 31 + i, (n,), caps.vocab_size, pad) for i, n in enumerate(case.source_lengths)]
+        sources = random_rows(adapter, case.source_lengths, case.seed)
         target = random_ids(case.seed + 5, (len(sources), case.target_length), caps.vocab_size, pad, caps.device)
         return sources, target
 

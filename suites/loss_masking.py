@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import left_padding_caveat, pad_rows, pad_token, perturb, positions_for, random_ids
+from harness.cases import left_padding_caveat, pad_rows, pad_token, perturb, positions_for, random_ids, random_rows
 from harness.suite import Check, Outcome, RunContext, Suite
 
 IGNORE = -100
@@ -79,7 +79,7 @@ class LossMaskingSuite(Suite):
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)
-        rows = [random_ids(case.seed * 31 + i, (n,), caps.vocab_size, pad) for i, n in enumerate(case.lengths)]
+        rows = random_rows(adapter, case.lengths, case.seed)
         ids, mask = pad_rows(rows, length, case.side, pad)
         labels = ids.masked_fill(mask == 0, IGNORE)
         if adapter.capabilities.family == "decoder":

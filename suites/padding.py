@@ -35,6 +35,7 @@ from harness.cases import (
     perturb,
     positions_for,
     random_ids,
+    random_rows,
     real_logits,
     repeat_floor,
     same_shape_outcome,
@@ -93,7 +94,7 @@ class PaddedBatches:
         self.pad = pad_token(adapter)
 
     def rows(self, lengths: tuple[int, ...], seed: int) -> list[torch.Tensor]:
-        return [random_ids(seed * 31 + i, (n,), self.caps.vocab_size, self.pad) for i, n in enumerate(lengths)]
+        return random_rows(self.adapter, lengths, seed)
 
     def batch(
         self, rows: list[torch.Tensor], length: int, side: str, with_positions: bool = True, first_row: int = 0
