@@ -132,6 +132,9 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Outc
         return CheckResult(check.name, "not_run", "no case was evaluated"), evaluated, None
     o: Outcome = worst_seen["outcome"]
     status = "warn" if o.status == "warn" else "pass"
-    message = o.message if status == "warn" else f"{evaluated} cases; worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}"
+    if status == "warn":
+        message = o.message
+    else:
+        message = f"{evaluated} cases; " + (o.message or f"worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}")
     case = case_to_dict(worst_seen["case"])
     return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case), evaluated, None

@@ -93,11 +93,13 @@ class Comparison:
         return [[int(b), int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
 
 
-def compare_logits(reference: Tensor, test: Tensor, where: Tensor) -> Comparison:
+def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True) -> Comparison:
     """Compare ``[B, T, V]`` logits at the positions where ``where [B, T]`` is True.
 
-    Differences of float64 log-softmax; NaN or inf in ``test`` (or ``reference``) at a
-    compared position is reported separately and counts as an infinite difference.
+    Differences of float64 log-softmax (``normalise=False``: of the values as given, for
+    log-probabilities saved over part of a vocabulary); NaN or inf in ``test`` (or
+    ``reference``) at a compared position is reported separately and counts as an
+    infinite difference.
     """
     where = where.bool().to(reference.device)
     idx = where.nonzero(as_tuple=True)
@@ -107,8 +109,8 @@ def compare_logits(reference: Tensor, test: Tensor, where: Tensor) -> Comparison
     per_position = torch.zeros(where.shape, dtype=torch.float64, device=reference.device)
     if ref.numel() == 0:
         return Comparison(0.0, 1.0, per_position, [])
-    ref_lp = torch.log_softmax(ref, -1)
-    tst_lp = torch.log_softmax(tst, -1)
+    ref_lp = torch.log_softmax(ref, -1) if normalise else ref
+    tst_lp = torch.log_softmax(tst, -1) if normalise else tst
     diff = (ref_lp - tst_lp).abs().amax(-1)  # [N]
     diff = torch.where(finite, diff, torch.full_like(diff, float("inf")))
     per_position[idx] = diff

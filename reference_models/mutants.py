@@ -9,7 +9,7 @@ Build one with :func:`build` or the spec ``mutant:NAME``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .config import ModelConfig
 from .masks import build_attention_mask
-from .model import IGNORE_INDEX, Stack, Transformer
+from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,102 @@ class LossCountsIgnored(Transformer):
         return super().loss(logits, labels)
 
 
+# -- packing ----------------------------------------------------------------------------------
+
+
+class SegmentsIgnored(Stack):
+    """The block-diagonal mask is missing: packed sequences attend to each other."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return super().build_mask(q_index, k_index, padding, None, batch)
+
+
+class PositionsNotRestarted(Stack):
+    """Packed sequences get positions 0..T-1 across the row instead of restarting at 0.
+    Invisible under rotary positions (relative within a segment), so the mutant uses learned ones."""
+
+    def forward(self, input_ids: Tensor, padding: Tensor, positions: Tensor, segments: Tensor | None = None, cache: Any = None, cross: Any = None) -> Any:
+        if segments is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return super().forward(input_ids, padding, positions, segments, cache, cross)
+
+
+class SegmentBoundaryOffByOne(Stack):
+    """Segment ids are read one token late (cu_seqlens off by one): the last token of each
+    packed sequence is grouped with the next one and attends to it."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        if segments is not None:
+            segments = torch.cat([segments[:, 1:], segments[:, -1:]], dim=1)  # [B, T]
+        return super().build_mask(q_index, k_index, padding, segments, batch)
+
+
+# -- KV cache ---------------------------------------------------------------------------------
+
+
+class PositionsRestartWithCache(Stack):
+    """Positions are not advanced with the cache: new tokens get 0, 1, ... again (rotary restarts at 0)."""
+
+    def forward(self, input_ids: Tensor, padding: Tensor, positions: Tensor, segments: Tensor | None = None, cache: Any = None, cross: Any = None) -> Any:
+        if cache is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return super().forward(input_ids, padding, positions, segments, cache, cross)
+
+
+class CacheAppendedTwice(Transformer):
+    """Each forward appends its new keys and values to the cache twice (the layer and its
+    caller both update it); the caller's mask is stretched to fit, so nothing raises."""
+
+    def forward(self, input_ids: Any, attention_mask: Any = None, position_ids: Any = None, segment_ids: Any = None, cache: Any = None, **kwargs: Any) -> ModelOutput:
+        if cache is not None and attention_mask is not None:
+            fresh = attention_mask[:, -input_ids.shape[1] :]
+            attention_mask = torch.cat([cache.key_padding.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
+        out = super().forward(input_ids, attention_mask, position_ids, segment_ids, cache, **kwargs)
+        past = 0 if cache is None else cache.length
+        assert out.cache is not None
+
+        def twice(t: Tensor, dim: int) -> Tensor:
+            return torch.cat([t, t.narrow(dim, past, t.shape[dim] - past)], dim=dim)
+
+        out.cache = replace(
+            out.cache,
+            keys=tuple(twice(k, 2) for k in out.cache.keys),
+            values=tuple(twice(v, 2) for v in out.cache.values),
+            key_padding=twice(out.cache.key_padding, 1),
+            positions=twice(out.cache.positions, 1),
+        )
+        return out
+
+
+class CacheSkipsCausalMask(Stack):
+    """With a cache, the causal mask is built as if one token were decoded (every new query at
+    the last index): harmless one token at a time, a chunk of new tokens sees its own future."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        if q_index.numel() < k_index.numel():
+            q_index = torch.full_like(q_index, int(k_index[-1]))
+        return super().build_mask(q_index, k_index, padding, segments, batch)
+
+
+class CrossFromDecoderStates(Block):
+    """On cached steps, cross-attention keys and values are recomputed from the decoder's own
+    hidden states instead of the encoder output (the wrong source)."""
+
+    def forward(self, x: Tensor, mask: Tensor, past: Any, rotary: Any, bias: Any, cross: Any) -> Any:
+        if past is not None and cross is not None and self.cross_attn is not None:
+            k, v = self.cross_attn.project_kv(x)  # [B, Hkv, T, Dh] each
+            cross = (k, v, torch.ones(x.shape[0], x.shape[1], x.shape[1], dtype=torch.bool, device=x.device))
+        return super().forward(x, mask, past, rotary, bias, cross)
+
+
+def _cross_from_decoder_states() -> Transformer:
+    model = _reference(ENCODER_DECODER)
+    assert model.decoder is not None
+    for block in model.decoder.blocks:
+        block.__class__ = CrossFromDecoderStates
+    return model
+
+
 # -- Hugging Face models with a seeded bug ----------------------------------------------------
 
 
@@ -142,6 +238,7 @@ def _hf_attention(name: str, transform: Callable[[Any, Any, Any], Any]) -> str:
     """Register an SDPA attention function whose mask goes through ``transform(mask, q_len, k_len)``."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any) -> Any:
         kwargs.pop("is_causal", None)
@@ -149,6 +246,8 @@ def _hf_attention(name: str, transform: Callable[[Any, Any, Any], Any]) -> str:
         return sdpa_attention_forward(module, query, key, value, mask, is_causal=mask is None and query.shape[2] > 1, **kwargs)
 
     AttentionInterface.register(name, attention)
+    # Without a registered mask function transformers builds no mask at all for a custom name.
+    AttentionMaskInterface.register(name, sdpa_mask)
     return name
 
 
@@ -160,6 +259,11 @@ def _leak_next(mask: Tensor | None, q_len: int, k_len: int) -> Tensor:
 
 def _drop_padding(mask: Tensor | None, q_len: int, k_len: int) -> None:
     return None  # SDPA then applies is_causal only: padding is read
+
+
+def _top_left_causal_on_cached_chunks(mask: Tensor | None, q_len: int, k_len: int) -> Tensor | None:
+    # No mask with a cache: SDPA's is_causal then aligns the triangle top-left when q_len < k_len.
+    return None if 1 < q_len < k_len else mask
 
 
 def _tiny_hf(kind: str, attn_implementation: str) -> Any:
@@ -181,7 +285,12 @@ def _hf_llama_ignores_padding() -> Any:
     return _tiny_hf("llama", _hf_attention("maskcheck_drop_padding", _drop_padding))
 
 
+def _hf_llama_cached_chunk_top_left() -> Any:
+    return _tiny_hf("llama", _hf_attention("maskcheck_top_left_cached", _top_left_causal_on_cached_chunks))
+
+
 DECODER = ModelConfig()
+LEARNED = ModelConfig(position="learned")
 ENCODER = ModelConfig(family="encoder", position="learned")
 ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
 SLIDING = ModelConfig(sliding_window=3, n_layers=2)
@@ -199,6 +308,15 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", _hf_llama_ignores_padding),
         Mutant("cross_attention_unmasked", "cross_attention", "source_pad_ids", CrossUnmasked.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossUnmasked)),
         Mutant("cross_attention_inverted", "cross_attention", "source_pad_ids", CrossInverted.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossInverted)),
+        Mutant("packing_segments_ignored", "packing", "segment_isolation", SegmentsIgnored.__doc__ or "", lambda: _reference(DECODER, decoder=SegmentsIgnored)),
+        Mutant("packing_encoder_segments_ignored", "packing", "segment_isolation", "an encoder whose block-diagonal mask is missing", lambda: _reference(ENCODER, encoder=SegmentsIgnored)),
+        Mutant("packing_positions_not_restarted", "packing", "segments_alone", PositionsNotRestarted.__doc__ or "", lambda: _reference(LEARNED, decoder=PositionsNotRestarted)),
+        Mutant("packing_boundary_off_by_one", "packing", "segment_isolation", SegmentBoundaryOffByOne.__doc__ or "", lambda: _reference(DECODER, decoder=SegmentBoundaryOffByOne)),
+        Mutant("kv_cache_positions_restart", "kv_cache", "incremental", PositionsRestartWithCache.__doc__ or "", lambda: _reference(DECODER, decoder=PositionsRestartWithCache)),
+        Mutant("kv_cache_appended_twice", "kv_cache", "incremental", CacheAppendedTwice.__doc__ or "", lambda: _reference(DECODER, model=CacheAppendedTwice)),
+        Mutant("kv_cache_chunk_sees_its_future", "kv_cache", "incremental", CacheSkipsCausalMask.__doc__ or "", lambda: _reference(DECODER, decoder=CacheSkipsCausalMask)),
+        Mutant("kv_cache_cross_from_decoder_states", "kv_cache", "incremental", CrossFromDecoderStates.__doc__ or "", _cross_from_decoder_states),
+        Mutant("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", _hf_llama_cached_chunk_top_left),
         Mutant("loss_without_shift", "loss_masking", "reference_loss", LossWithoutShift.__doc__ or "", lambda: _reference(DECODER, model=LossWithoutShift)),
         Mutant("loss_over_all_positions", "loss_masking", "reference_loss", LossOverAllPositions.__doc__ or "", lambda: _reference(DECODER, model=LossOverAllPositions)),
         Mutant("loss_counts_ignored", "loss_masking", "reference_loss", LossCountsIgnored.__doc__ or "", lambda: _reference(DECODER, model=LossCountsIgnored)),

@@ -64,9 +64,15 @@ def test_failures_shrink_to_a_minimal_case(name: str) -> None:
     check = next(c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check)
     case = check.case
     assert case is not None
-    rows = case.get("batch", len(case.get("lengths", case.get("source_lengths", ()))))
+    if "segment_lengths" in case:  # packing: two sequences of at most 2 tokens in one row
+        assert len(case["segment_lengths"]) == 2 and max(case["segment_lengths"]) <= 2 and case["padding"] == 0, case
+        return
+    if "prompt_lengths" in case:  # kv_cache: a prompt and the chunks fed after it
+        rows, tokens = len(case["prompt_lengths"]), max(case["prompt_lengths"]) + sum(case.get("chunks", ()))
+    else:
+        rows = case.get("batch", len(case.get("lengths", case.get("source_lengths", ()))))
+        tokens = case.get("length") or max(case.get("lengths", case.get("source_lengths", (0,)))) + case.get("extra", 0)
     assert rows == 1, case
-    tokens = case.get("length") or max(case.get("lengths", case.get("source_lengths", (0,)))) + case.get("extra", 0)
     assert tokens <= 4, case
 
 

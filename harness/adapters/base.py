@@ -24,6 +24,10 @@ class AdapterError(Exception):
     """The model behind an adapter misbehaved: raised, returned the wrong shape, left eval mode."""
 
 
+class LayoutUnavailable(Exception):
+    """The weights cannot be loaded under the asked layout (parameters it needs are missing)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a model declares about itself; suites read this to decide what applies."""
@@ -53,6 +57,26 @@ class Capabilities:
         data.pop("tokenizer")
         data["has_tokenizer"] = self.tokenizer is not None
         return data
+
+
+@dataclass(frozen=True)
+class PackingSetting:
+    """One way to run packed rows: exactly what the caller passes, and whether the model's
+    documentation asks for it (the one a packing verdict rests on)."""
+
+    name: str
+    inputs: str
+    documented: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What a checkpoint recorded about itself when it was saved."""
+
+    path: str
+    layout: dict[str, Any]  # the architecture fields it was trained with
+    probe: "Batch | None" = None  # the fixed probe batch of its fingerprint
+    probe_logprobs: Tensor | None = None  # [B, T, C]: log-probabilities of the first C ids on the probe
 
 
 @dataclass
@@ -103,6 +127,8 @@ class Adapter(abc.ABC):
 
     #: the spec this adapter was built from, or a description when built from an object
     spec: str = "<object>"
+    #: what the checkpoint behind this model recorded at save time, when it was loaded from one
+    checkpoint: CheckpointRecord | None = None
 
     def __init__(self, model: Any, capabilities: Capabilities) -> None:
         self.model = model
@@ -153,6 +179,23 @@ class Adapter(abc.ABC):
     def fork(self, state: Any) -> Any:
         """An independent copy of a state, for when a test branches."""
         return state
+
+    def packing_settings(self) -> list[tuple[PackingSetting, "Adapter"]]:
+        """The ways to run packed rows, the documented one first, each with the adapter that runs it."""
+        packing = self.capabilities.packing
+        if packing is None:
+            return []
+        inputs = "segment_ids per packed sequence (positions restart per sequence)" if packing == "segment_ids" else "position_ids restarting at 0 per sequence"
+        return [(PackingSetting(packing, inputs), self)]
+
+    def layout(self) -> dict[str, Any] | None:
+        """The architecture fields the model runs with (norm layout, norm kind, position scheme ...),
+        or None when the adapter cannot tell."""
+        return None
+
+    def relayout(self, **changes: Any) -> "Adapter":
+        """The same weights under another layout; raises :class:`LayoutUnavailable` when they do not fit it."""
+        raise LayoutUnavailable(f"{type(self).__name__} cannot rebuild its model under another layout")
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": type(self).__name__, "capabilities": self.capabilities.to_dict()}

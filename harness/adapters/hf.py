@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Adapter, AdapterError, Batch, Capabilities, positions_from_mask
+from .base import Adapter, AdapterError, Batch, Capabilities, PackingSetting, positions_from_mask
 
 Task = Literal["causal-lm", "masked-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
@@ -161,7 +161,9 @@ class HFAdapter(Adapter):
             takes_attention_mask="attention_mask" in parameters,
             takes_position_ids="position_ids" in parameters,
             derives_positions_from_mask=False,
-            packing="position_ids" if family != "encoder_decoder" and "position_ids" in parameters else None,
+            # The padding-free path transformers documents (position ids restarting per sequence,
+            # no attention mask) builds a block-diagonal mask for causal masks only.
+            packing="position_ids" if family == "decoder" and "position_ids" in parameters else None,
             has_cache=family != "encoder" and self.cache_keyword is not None,
             has_loss="labels" in parameters,
             pad_token_id=getattr(text_config, "pad_token_id", None),
@@ -176,6 +178,24 @@ class HFAdapter(Adapter):
         super().__init__(model, capabilities)
         self.spec = spec
         self.attn_implementation = getattr(config, "_attn_implementation", None)
+        # use_cache=False unless a packing setting leaves it at the config default (None)
+        self.use_cache: bool | None = False
+        self.mask_of_ones = False
+
+    def packing_settings(self) -> list[tuple[PackingSetting, Adapter]]:
+        """The documented padding-free path first, then what a user might pass instead."""
+        if self.capabilities.packing is None:
+            return []
+        documented = "position_ids restarting at 0 per sequence, no attention_mask, use_cache=False"
+        settings = [(PackingSetting("documented", documented), self)]
+        if getattr(self.model.config, "use_cache", False):
+            defaults = copy.copy(self)
+            defaults.use_cache = None
+            settings.append((PackingSetting("forward_defaults", "position_ids restarting, no attention_mask, use_cache left at its default (config.use_cache=True)", False), defaults))
+        with_mask = copy.copy(self)
+        with_mask.mask_of_ones = True
+        settings.append((PackingSetting("mask_of_ones", "position_ids restarting, attention_mask of ones, use_cache=False", False), with_mask))
+        return settings
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -188,14 +208,16 @@ class HFAdapter(Adapter):
         inputs: dict[str, Any] = {"input_ids": batch.input_ids}
         if batch.attention_mask is not None:
             inputs["attention_mask"] = batch.attention_mask
+        elif self.mask_of_ones:
+            inputs["attention_mask"] = torch.ones_like(batch.input_ids)
         if batch.position_ids is not None:
             inputs["position_ids"] = batch.position_ids
         if self.task == "seq2seq":
             inputs["decoder_input_ids"] = batch.decoder_input_ids
             if batch.decoder_attention_mask is not None:
                 inputs["decoder_attention_mask"] = batch.decoder_attention_mask
-        if self.cache_keyword is not None and self.task != "masked-lm":
-            inputs["use_cache"] = False
+        if self.cache_keyword is not None and self.task != "masked-lm" and self.use_cache is not None:
+            inputs["use_cache"] = self.use_cache
         return inputs
 
     def _call(self, **inputs: Any) -> Any:

@@ -1,0 +1,193 @@
+"""kv_cache: decoding with a cache must give the logits of the full-prefix forward.
+
+Checks (decoders and encoder-decoders that declare a cache)
+- ``incremental``: prefill a left-padded prompt batch, then feed the rest of the sequence
+  in chunks whose sizes Hypothesis draws. A causal mask that is not offset by the cache
+  length only shows with chunks longer than one token, so chunks are not all 1. The logits
+  of every real position must equal the full forward of the whole sequence
+  (shape-changing rule: cached and full attention reduce over other lengths). For
+  encoder-decoders the source is right-padded, and the cross-attention cache must keep
+  reading that source and its mask.
+- ``greedy_generation``: greedy decoding of a left-padded batch gives each row the logits
+  and tokens it gets when decoded alone. A row is compared up to the first step where its
+  batched and solo tokens differ: if the logits there agree within the threshold, that was
+  a near-tie of the argmax, not a leak. A model whose positions cannot follow the mask
+  (no position ids, as BART's decoder) gets a ``warn``: left padding shifts its positions.
+
+Cases cover what a sliding window needs: prompts and continuations longer than the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import aligned_outcome, concat, left_padding_caveat, pad_rows, pad_token, positions_for, random_ids, random_rows, verdict
+from harness.suite import Check, Outcome, RunContext, Suite
+from harness.tolerance import compare_logits
+
+MAX_CHUNK = 4
+MAX_CHUNKS = 4
+
+
+@dataclass(frozen=True)
+class CacheCase:
+    prompt_lengths: tuple[int, ...]  # real prompt tokens per row, left-padded to the longest
+    chunks: tuple[int, ...]  # sizes of the steps fed after the prefill
+    source_padding: int  # encoder-decoders: right-padded source slots
+    seed: int
+
+
+@dataclass(frozen=True)
+class GenerationCase:
+    prompt_lengths: tuple[int, ...]  # at least two rows: a row alone is its own batch
+    new_tokens: int
+    source_padding: int
+    seed: int
+
+
+def longest_prompt(capabilities: Capabilities) -> int:
+    """Long enough to outgrow a sliding window, short enough for the model's positions."""
+    longest = 8 if not capabilities.window else max(8, capabilities.window + 2)
+    room = (capabilities.max_length or 64) - MAX_CHUNK * MAX_CHUNKS
+    return max(1, min(longest, room))
+
+
+def cache_cases(capabilities: Capabilities) -> st.SearchStrategy[CacheCase]:
+    return st.builds(
+        CacheCase,
+        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=1, max_size=3).map(tuple),
+        chunks=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=MAX_CHUNKS).map(tuple),
+        source_padding=st.integers(0, 3),
+        seed=st.integers(0, 2**16),
+    )
+
+
+def generation_cases(capabilities: Capabilities) -> st.SearchStrategy[GenerationCase]:
+    return st.builds(
+        GenerationCase,
+        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=2, max_size=3).map(tuple),
+        new_tokens=st.integers(1, MAX_CHUNK * MAX_CHUNKS),
+        source_padding=st.integers(0, 3),
+        seed=st.integers(0, 2**16),
+    )
+
+
+class CacheBatches:
+    """Left-padded decoder batches for one adapter; encoder-decoders get a right-padded source per row."""
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        self.caps = adapter.capabilities
+        self.pad = pad_token(adapter)
+
+    def batch(self, rows: list[Tensor], length: int, source_padding: int, first_row: int = 0) -> Batch:
+        """``rows`` left-padded to ``length``; ``first_row`` is rows[0]'s index in the case, so a
+        row decoded alone gets the same source as in its batch."""
+        ids, mask = pad_rows(rows, length, "left", self.pad)
+        device = self.caps.device
+        ids, mask = ids.to(device), mask.to(device)
+        if self.caps.family != "encoder_decoder":
+            return Batch(ids, mask, positions_for(self.adapter, mask))
+        sources = [random_ids(7919 + first_row + i, (2 + (first_row + i) % 3,), self.caps.vocab_size, self.pad) for i in range(len(rows))]
+        source, source_mask = pad_rows(sources, max(s.numel() for s in sources) + source_padding, "right", self.pad)
+        return Batch(source.to(device), source_mask.to(device), decoder_input_ids=ids, decoder_attention_mask=mask)
+
+    def prefix(self, batch: Batch, length: int) -> Batch:
+        """The first ``length`` columns of the predicted side (the source is kept whole)."""
+        if self.caps.family == "encoder_decoder":
+            assert batch.decoder_input_ids is not None and batch.decoder_attention_mask is not None
+            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=batch.decoder_input_ids[:, :length], decoder_attention_mask=batch.decoder_attention_mask[:, :length])
+        assert batch.attention_mask is not None
+        positions = None if batch.position_ids is None else batch.position_ids[:, :length]
+        return Batch(batch.input_ids[:, :length], batch.attention_mask[:, :length], positions)
+
+
+def greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:
+    """Greedy decoding with the cache: the chosen tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``."""
+    logits, state = adapter.prefill(batch)
+    last = logits[:, -1]  # [B, V]: left padding puts every row's last real token in the last column
+    tokens, chosen_from = [], []
+    for step in range(new_tokens):
+        token = last.argmax(-1, keepdim=True)  # [B, 1]
+        tokens.append(token)
+        chosen_from.append(last)
+        if step + 1 < new_tokens:
+            logits, state = adapter.step(state, token)
+            last = logits[:, -1]
+    return torch.cat(tokens, dim=1), torch.stack(chosen_from, dim=1)
+
+
+class KVCacheSuite(Suite):
+    name = "kv_cache"
+    summary = "incremental decoding with the cache equals the full-prefix forward"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.has_cache:
+            return "the model declares no KV cache"
+        if not capabilities.takes_attention_mask:
+            return "the model takes no attention mask, so a left-padded batch cannot be decoded"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        batches = CacheBatches(adapter)
+        caps = adapter.capabilities
+        return [
+            Check("incremental", lambda c: self.incremental(batches, context, c), cache_cases(caps)),
+            Check("greedy_generation", lambda c: self.greedy_generation(batches, context, c), generation_cases(caps)),
+        ]
+
+    def incremental(self, b: CacheBatches, context: RunContext, case: CacheCase) -> Outcome:
+        prompt = max(case.prompt_lengths)
+        total = prompt + sum(case.chunks)
+        rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
+        continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
+        full = b.batch([torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding)
+        mask = full.predicted_mask
+        assert mask is not None
+        logits = b.adapter.logits(concat([full, full]))  # [2B, T, V]: the copy gives the floor
+        size = full.size
+        where = mask.bool()
+        floor = compare_logits(logits[:size], logits[size:], where).max_diff
+
+        incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
+        pieces, start, spans = [incremental], prompt, []
+        for n in case.chunks:
+            step_logits, state = b.adapter.step(state, full.predicted_ids[:, start : start + n])  # [B, n, V]
+            pieces.append(step_logits)
+            spans.append((start, n))
+            start += n
+        cached = torch.cat(pieces, dim=1)  # [B, T, V]
+        comparison = compare_logits(logits[:size], cached, where)
+        threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
+        chunks = " + ".join(str(n) for n in case.chunks)
+        outcome = verdict(comparison, floor, threshold, f"cached decoding (prefill {prompt}, then steps of {chunks}) differs from the full forward")
+        if outcome.status == "fail" and outcome.positions:
+            first = min(t for _, t in outcome.positions)
+            where_first = "the prefill" if first < prompt else next(f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n)
+            outcome.message += f"; first wrong position {first}, in {where_first}"
+        return outcome
+
+    def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Outcome:
+        rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
+        batch = b.batch(rows, max(case.prompt_lengths), case.source_padding)
+        tokens, logits = greedy(b.adapter, concat([batch, batch]), case.new_tokens)  # the copy gives the floor
+        size = batch.size
+        floor = compare_logits(logits[:size], logits[size:], torch.ones(size, case.new_tokens, dtype=torch.bool)).max_diff
+        pairs, diverged = [], []
+        for i, row in enumerate(rows):
+            alone_tokens, alone_logits = greedy(b.adapter, b.batch([row], row.numel(), case.source_padding, first_row=i), case.new_tokens)
+            differs = (alone_tokens[0] != tokens[i]).nonzero()
+            compared = case.new_tokens if differs.numel() == 0 else int(differs[0]) + 1
+            if compared < case.new_tokens or differs.numel():
+                diverged.append(f"row {i} at step {compared - 1}")
+            pairs.append((alone_logits[0, :compared], logits[i, :compared], i))
+        what = f"greedy decoding of a left-padded batch of {size} rows differs from each row decoded alone"
+        outcome = aligned_outcome(context, pairs, floor, what)
+        if outcome.status == "fail" and diverged:
+            outcome.message += f"; generated tokens diverge: {', '.join(diverged)}"
+        return left_padding_caveat(outcome, b.caps, "left")

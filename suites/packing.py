@@ -1,0 +1,169 @@
+"""packing: sequences packed in one row must not interfere.
+
+A packed row holds several sequences back to back. Adapters say how they pack
+(``Capabilities.packing``): ``segment_ids`` (0, 1, 2 ... per sequence; the model builds a
+block-diagonal mask and restarts positions) or ``position_ids`` (the padding-free path of
+Hugging Face decoders: position ids restart at 0 per sequence and no attention mask is
+passed). Checks, run with the adapter's documented packing setting:
+
+- ``segment_isolation``: change the ids of one sequence; no other sequence's logits may
+  move (same-shape rule).
+- ``segments_alone``: each sequence's logits equal the same sequence run alone
+  (shape-changing rule). Catches positions that do not restart.
+- ``packed_vs_padded``: the packed row equals the same sequences as a right-padded batch.
+- ``settings``: when an adapter knows other ways a user might pack (Hugging Face: leaving
+  ``use_cache`` at its default, or passing an attention mask of ones), each is run on the
+  same cases; the check reports exactly which inputs and settings keep packing safe and
+  ``warn`` s when some leak (a real behaviour to know, not a bug in the documented path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor
+
+from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.cases import aligned_outcome, concat, pad_rows, pad_token, perturb, positions_for, random_rows, repeat_floor, same_shape_outcome
+from harness.suite import Check, Outcome, RunContext, Suite
+
+MAX_SEGMENT = 6
+
+
+@dataclass(frozen=True)
+class PackedCase:
+    segment_lengths: tuple[int, ...]  # the packed sequences, in order
+    changed: int  # segment_isolation: the sequence whose ids change (taken modulo the count)
+    padding: int  # trailing padded slots (segment_ids packing only: the padding-free path has no mask)
+    seed: int
+
+
+def packed_cases(capabilities: Capabilities) -> st.SearchStrategy[PackedCase]:
+    longest = max(1, min(MAX_SEGMENT, ((capabilities.max_length or 64) - 2) // 3))
+    return st.builds(
+        PackedCase,
+        segment_lengths=st.lists(st.integers(1, longest), min_size=2, max_size=3).map(tuple),
+        changed=st.integers(0, 2),
+        padding=st.integers(0, 2) if capabilities.packing == "segment_ids" else st.just(0),
+        seed=st.integers(0, 2**16),
+    )
+
+
+@dataclass
+class PackedRow:
+    batch: Batch  # one packed row
+    rows: list[Tensor]  # the sequences, 1-D
+    starts: list[int]  # where each sequence starts in the row
+
+    def span(self, index: int) -> slice:
+        return slice(self.starts[index], self.starts[index] + self.rows[index].numel())
+
+    def real(self) -> Tensor:
+        """``[1, T]`` True at the tokens of a sequence (not at trailing padding)."""
+        real = torch.zeros_like(self.batch.input_ids, dtype=torch.bool)
+        real[0, : self.starts[-1] + self.rows[-1].numel()] = True
+        return real
+
+
+def pack(adapter: Adapter, case: PackedCase) -> PackedRow:
+    rows = random_rows(adapter, case.segment_lengths, case.seed)
+    starts = [sum(case.segment_lengths[:i]) for i in range(len(rows))]
+    ids = torch.cat(rows)
+    segments = torch.cat([torch.full((row.numel(),), i) for i, row in enumerate(rows)])
+    if case.padding:
+        ids = torch.cat([ids, torch.full((case.padding,), pad_token(adapter))])
+        segments = torch.cat([segments, torch.full((case.padding,), -1)])
+    device = adapter.capabilities.device
+    ids, segments = ids[None].to(device), segments[None].to(device)  # [1, T]
+    if adapter.capabilities.packing == "segment_ids":
+        batch = Batch(ids, (segments >= 0).long(), segment_ids=segments)
+    else:
+        positions = torch.cat([torch.arange(row.numel()) for row in rows])[None].to(device)  # [1, T]
+        batch = Batch(ids, position_ids=positions)
+    return PackedRow(batch, rows, starts)
+
+
+def with_ids(batch: Batch, ids: Tensor) -> Batch:
+    return Batch(ids, batch.attention_mask, batch.position_ids, batch.segment_ids)
+
+
+def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+    packed = pack(adapter, case)
+    changed = case.changed % len(packed.rows)
+    inside = torch.zeros_like(packed.batch.input_ids, dtype=torch.bool)
+    inside[0, packed.span(changed)] = True
+    others = torch.zeros_like(inside)
+    for i in range(len(packed.rows)):
+        if i != changed:
+            others[0, packed.span(i)] = True
+    caps = adapter.capabilities
+    perturbed = with_ids(packed.batch, perturb(packed.batch.input_ids, inside, caps.vocab_size, case.seed, pad_token(adapter)))
+    what = f"changing packed sequence {changed} of lengths {list(case.segment_lengths)} changed the logits of another sequence"
+    return same_shape_outcome(adapter, context, packed.batch, perturbed, others, what)
+
+
+def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+    packed = pack(adapter, case)
+    logits = adapter.logits(concat([packed.batch, packed.batch]))  # [2, T, V]: the copy gives the floor
+    floor = repeat_floor(logits, 1, packed.real())
+    pairs = []
+    for i, row in enumerate(packed.rows):
+        alone = adapter.logits(Batch(row[None].to(adapter.capabilities.device)))  # [1, n, V]
+        pairs.append((alone[0], logits[0, packed.span(i)], i))
+    return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone; [sequence, position]")
+
+
+def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+    packed = pack(adapter, case)
+    logits = adapter.logits(concat([packed.batch, packed.batch]))  # [2, T, V]: the copy gives the floor
+    floor = repeat_floor(logits, 1, packed.real())
+    ids, mask = pad_rows(packed.rows, max(case.segment_lengths), "right", pad_token(adapter))
+    device = adapter.capabilities.device
+    ids, mask = ids.to(device), mask.to(device)
+    padded = adapter.logits(Batch(ids, mask, positions_for(adapter, mask)))  # [S, L, V]
+    pairs = [(padded[i, : row.numel()], logits[0, packed.span(i)], i) for i, row in enumerate(packed.rows)]
+    return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch; [sequence, position]")
+
+
+class PackingSuite(Suite):
+    name = "packing"
+    summary = "sequences packed in one row do not interfere"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if capabilities.packing is None:
+            if capabilities.family == "encoder_decoder":
+                return "packing is checked for encoders and decoders; this encoder-decoder declares no packing input"
+            return "the model declares no packing input (segment ids, or position ids that restart per sequence)"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        settings = adapter.packing_settings()
+        documented = settings[0][1]
+        strategy = packed_cases(adapter.capabilities)
+        checks = [
+            Check("segment_isolation", lambda c: segment_isolation(documented, context, c), strategy),
+            Check("segments_alone", lambda c: segments_alone(documented, context, c), strategy),
+        ]
+        if adapter.capabilities.takes_attention_mask:
+            checks.append(Check("packed_vs_padded", lambda c: packed_vs_padded(documented, context, c), strategy))
+        if len(settings) > 1:
+            checks.append(Check("settings", lambda c: self.settings(settings, context, c), strategy, max_examples=3))
+        return checks
+
+    def settings(self, settings: list, context: RunContext, case: PackedCase) -> Outcome:
+        """Run the isolation and alone checks under every setting; name the ones that leak."""
+        safe, leaks, worst = [], [], Outcome("pass")
+        for setting, adapter in settings:
+            outcomes = [segment_isolation(adapter, context, case), segments_alone(adapter, context, case)]
+            bad = [o for o in outcomes if o.status == "fail"]
+            if bad:
+                leaks.append(f"{setting.inputs} ({bad[0].message})")
+                worst = max([worst, *bad], key=lambda o: o.ratio)
+            else:
+                safe.append(setting.inputs)
+        if not leaks:
+            return Outcome("pass", worst.max_diff, worst.floor, worst.threshold)
+        message = f"packing is safe with: {'; '.join(safe) or 'no setting tried'}. It leaks with: {' | '.join(leaks)}"
+        return Outcome("warn", worst.max_diff, worst.floor, worst.threshold, worst.positions, message)
