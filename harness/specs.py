@@ -144,23 +144,28 @@ def _is_pretrained(model: Any) -> bool:
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
     from reference_models import CheckpointError, PRESETS, Transformer, load_checkpoint, read_config
 
-    if is_reference_path(target):
-        try:
-            config = read_config(target)
-            if options.overrides:
-                config = _override(config, options.overrides)
-            model = load_checkpoint(target, config, allow_mismatch=bool(options.overrides))
-        except (CheckpointError, ValueError, TypeError) as exc:
-            raise SpecError(str(exc)) from None
-    else:
+    from .adapters.reference import checkpoint_record
+
+    if not is_reference_path(target):
         if target not in PRESETS:
             raise SpecError(f"unknown reference preset {target!r}; known: {', '.join(sorted(PRESETS))}")
         import torch
 
         config = _override(PRESETS[target], options.overrides) if options.overrides else PRESETS[target]
         torch.manual_seed(0)  # a preset is a fixed random-init model, the same in every process
-        model = Transformer(config)
-    return adapter_for(model, f"ref:{target}", device=device, dtype=dtype)
+        return adapter_for(Transformer(config), f"ref:{target}", device=device, dtype=dtype)
+    try:
+        saved = read_config(target)
+        config = _override(saved, options.overrides) if options.overrides else saved
+        # An override forces another layout, the way a wrong conversion script would; the
+        # norm_checkpoint suite then reports it against what the checkpoint recorded.
+        model = load_checkpoint(target, config, allow_mismatch=bool(options.overrides))
+        record = checkpoint_record(os.path.abspath(target), saved)
+    except (CheckpointError, ValueError, TypeError) as exc:
+        raise SpecError(str(exc)) from None
+    adapter = adapter_for(model, f"ref:{target}", device=device, dtype=dtype)
+    adapter.checkpoint = record
+    return adapter
 
 
 def _override(config: Any, overrides: dict[str, Any]) -> Any:

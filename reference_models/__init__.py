@@ -3,7 +3,15 @@
 This package depends on torch and safetensors only, never on the rest of maskcheck.
 """
 
-from .checkpoint import CheckpointError, load_checkpoint, read_config, save_checkpoint, weights_hash
+from .checkpoint import (
+    CheckpointError,
+    fingerprint_ids,
+    load_checkpoint,
+    read_config,
+    read_fingerprint,
+    save_checkpoint,
+    weights_hash,
+)
 from .config import PRESETS, ModelConfig, preset
 from .memory import MemoryEstimate, estimate_memory, parameter_count
 from .model import IGNORE_INDEX, KVCache, ModelOutput, Transformer
@@ -18,10 +26,12 @@ __all__ = [
     "ModelOutput",
     "Transformer",
     "estimate_memory",
+    "fingerprint_ids",
     "load_checkpoint",
     "parameter_count",
     "preset",
     "read_config",
+    "read_fingerprint",
     "save_checkpoint",
     "weights_hash",
 ]

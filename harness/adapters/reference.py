@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reference_models import KVCache, Transformer
+from reference_models import KVCache, ModelConfig, Transformer, fingerprint_ids, read_fingerprint
+from reference_models.config import ARCHITECTURE_FIELDS
 from reference_models.masks import positions_from_segments
 
-from .base import Adapter, Batch, Capabilities, positions_from_mask
+from .base import Adapter, Batch, Capabilities, CheckpointRecord, LayoutUnavailable, positions_from_mask
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,27 @@ class ReferenceAdapter(Adapter):
         )
         super().__init__(model, capabilities)
         self.spec = spec
+
+    def layout(self) -> dict[str, Any]:
+        config = self.model.config
+        return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
+
+    def relayout(self, **changes: Any) -> "ReferenceAdapter":
+        """The same weights in a model built with ``changes``; parameters the new layout does not
+        use are ignored, and one it needs but the weights lack makes it unavailable."""
+        model: Transformer = self.model
+        try:
+            config = model.config.replace(**changes)
+        except ValueError as exc:
+            raise LayoutUnavailable(str(exc)) from None
+        parameter = next(model.parameters())
+        torch.manual_seed(0)
+        other = Transformer(config).to(device=parameter.device, dtype=parameter.dtype)
+        missing, _ = other.load_state_dict(model.state_dict(), strict=False)
+        if missing:
+            raise LayoutUnavailable(f"the weights have no {', '.join(missing[:3])} for {changes}")
+        described = ", ".join(f"{k}={v}" for k, v in changes.items())
+        return ReferenceAdapter(other.eval(), f"{self.spec} as {described}")
 
     def _positions(self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None) -> Tensor | None:
         if explicit is not None:
@@ -107,3 +129,14 @@ class ReferenceAdapter(Adapter):
             out = model(tokens, full_mask, positions, cache=state.cache)
         next_position = state.next_position + attention_mask.long().sum(-1)
         return out.logits, ReferenceState(out.cache, full_mask, next_position)
+
+
+def checkpoint_record(path: str, saved: ModelConfig) -> CheckpointRecord:
+    """The layout and fingerprint a reference checkpoint recorded when it was saved."""
+    layout = {name: getattr(saved, name) for name in ARCHITECTURE_FIELDS}
+    fingerprint = read_fingerprint(path)
+    if fingerprint is None:
+        return CheckpointRecord(path, layout)
+    ids = fingerprint_ids(saved)
+    probe = Batch(ids, decoder_input_ids=ids if saved.family == "encoder_decoder" else None)
+    return CheckpointRecord(path, layout, probe, fingerprint.logprobs)

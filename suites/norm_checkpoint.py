@@ -1,0 +1,179 @@
+"""norm_checkpoint: a checkpoint must run under the layout it was trained with.
+
+The same parameter names under another layout (pre- or post-norm, with or without a final
+norm, LayerNorm or RMSNorm, RMSNorm with a ``1 + w`` scale, another position scheme) give a
+model that runs and computes something else. Three kinds of evidence, strongest first:
+
+- ``metadata``: the layout the checkpoint recorded against the layout the model runs with.
+- ``fingerprint``: the log-probabilities the model gave a fixed probe batch when it was
+  saved must come back (shape-changing rule with a zero floor: another machine or dtype
+  may round differently, a wrong layout moves them by orders of magnitude more).
+- ``behaviour``, which needs nothing but the weights: rebuild them under every layout that
+  differs in one field and that they fit, measure the loss on probe data under each, and
+  name the layout they fit, with the losses. The probe data are random token sequences
+  repeated twice, scored on the second copy (encoders: every other second-copy token is
+  replaced by the pad id and predicted), each layout at its best single temperature. Continuing a repeated sequence is what induction heads do, and they form in
+  trained Transformer language models of two or more layers whatever the training text
+  (Olsson et al., 2022, "In-context learning and induction heads"); a model under its own
+  layout predicts the copy better than chance, under a wrong one it loses that. Untrained
+  weights predict nothing under any layout: ``warn`` (inconclusive), never pass or fail.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+from torch import Tensor
+
+from harness.adapters.base import Adapter, Batch, Capabilities, LayoutUnavailable
+from harness.cases import pad_token, random_ids, verdict
+from harness.suite import Check, Outcome, RunContext, Suite
+from harness.tolerance import compare_logits
+from harness.verdict import CheckResult
+
+#: the values each layout field can take; the behaviour check tries every one the weights fit
+LAYOUT_VALUES: dict[str, tuple[Any, ...]] = {
+    "norm_layout": ("pre", "post"),
+    "final_norm": (True, False),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_unit_offset": (False, True),
+    "position": ("rotary", "alibi", "sinusoidal", "learned"),
+}
+PROBE_ROWS = 8
+PROBE_HALF = 16
+#: the best layout must beat chance (log V) by this fraction for the weights to count as trained
+SIGNAL_FRACTION = 0.2
+#: the declared layout may trail the best by this fraction of log V before it counts as a misfit
+MARGIN_FRACTION = 0.1
+#: temperatures tried per layout (log-spaced, 1/8 to 8)
+TEMPERATURES = tuple(2.0 ** (k / 2) for k in range(-6, 7))
+
+
+@dataclass(frozen=True)
+class ProbeCase:
+    seed: int
+
+
+def describe(layout: dict[str, Any], fields: list[str] | None = None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in layout.items() if fields is None or k in fields)
+
+
+class NormCheckpointSuite(Suite):
+    name = "norm_checkpoint"
+    summary = "a checkpoint runs under the norm layout and position scheme it was trained with"
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if capabilities.norm_layout is None:
+            return "the adapter does not expose its norm layout (reference models do; Hugging Face configs fix it per architecture)"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        once = st.builds(ProbeCase, seed=st.just(context.seed))
+        checks: list = []
+        record = adapter.checkpoint
+        if record is None:
+            checks.append(CheckResult("metadata", "not_applicable", "the model was not loaded from a checkpoint that records its layout"))
+            checks.append(CheckResult("fingerprint", "not_applicable", "the model was not loaded from a checkpoint with a fingerprint"))
+        else:
+            checks.append(Check("metadata", lambda c: self.metadata(adapter), once, max_examples=1))
+            if record.probe is None:
+                checks.append(CheckResult("fingerprint", "not_applicable", f"{record.path} was saved without a fingerprint"))
+            else:
+                checks.append(Check("fingerprint", lambda c: self.fingerprint(adapter, context), once, max_examples=1))
+        checks.append(Check("behaviour", lambda c: self.behaviour(adapter, c), once, max_examples=1))
+        return checks
+
+    def metadata(self, adapter: Adapter) -> Outcome:
+        assert adapter.checkpoint is not None
+        recorded, running = adapter.checkpoint.layout, adapter.layout() or {}
+        differ = [k for k in recorded if k in running and recorded[k] != running[k]]
+        if not differ:
+            return Outcome("pass", message=f"runs with the recorded layout ({describe(recorded, list(LAYOUT_VALUES))})")
+        changes = "; ".join(f"{k}: trained with {recorded[k]!r}, running with {running[k]!r}" for k in differ)
+        return Outcome("fail", float(len(differ)), 0.0, 0.0, [], f"the checkpoint metadata records another layout ({changes})")
+
+    def fingerprint(self, adapter: Adapter, context: RunContext) -> Outcome:
+        record = adapter.checkpoint
+        assert record is not None and record.probe is not None and record.probe_logprobs is not None
+        logits = adapter.logits(record.probe.to(adapter.capabilities.device))  # [B, T, V]
+        columns = record.probe_logprobs.shape[-1]
+        measured = torch.log_softmax(logits.double(), -1)[..., :columns].cpu()
+        where = torch.ones(measured.shape[:2], dtype=torch.bool)
+        # Saved values are log-probabilities already; compare them as they are, not renormalised.
+        comparison = compare_logits(measured, record.probe_logprobs.double(), where, normalise=False)
+        threshold = context.tolerance.shape_change(0.0, context.dtype, comparison.scale)
+        outcome = verdict(comparison, 0.0, threshold, "the model does not reproduce the log-probabilities recorded in the checkpoint at save time")
+        if outcome.status == "fail":
+            outcome.message += f" (recorded layout: {describe(record.layout, list(LAYOUT_VALUES))}; running: {describe(adapter.layout() or {}, list(LAYOUT_VALUES))})"
+        return outcome
+
+    def behaviour(self, adapter: Adapter, case: ProbeCase) -> Outcome:
+        probe, targets = probe_batch(adapter, case.seed)
+        declared = adapter.layout() or {}
+        losses = {"declared": probe_loss(adapter, probe, targets)}
+        for field, values in LAYOUT_VALUES.items():
+            for value in values:
+                if field not in declared or declared[field] == value:
+                    continue
+                try:
+                    other = adapter.relayout(**{field: value})
+                except LayoutUnavailable:
+                    continue
+                losses[f"{field}={value}"] = probe_loss(other, probe, targets)
+        chance = math.log(adapter.capabilities.vocab_size)
+        best = min(losses, key=losses.__getitem__)
+        gap = losses["declared"] - losses[best]
+        margin = MARGIN_FRACTION * chance
+        table = ", ".join(f"{name} {loss:.3f}" for name, loss in sorted(losses.items(), key=lambda kv: kv[1]))
+        declared_text = describe(declared, list(LAYOUT_VALUES))
+        evidence = f"probe loss (repeated random sequences; chance log V = {chance:.3f}): {table}"
+        if chance - losses[best] < SIGNAL_FRACTION * chance:
+            message = f"inconclusive: no layout predicts the probe much better than chance, so the weights look untrained; {evidence}"
+            return Outcome("warn", gap, 0.0, margin, [], message)
+        if gap <= margin:
+            return Outcome("pass", gap, 0.0, margin, [], f"the weights fit the declared layout ({declared_text}); {evidence}")
+        message = (
+            f"the weights fit {best} (probe loss {losses[best]:.3f}), not the declared layout {declared_text} "
+            f"(probe loss {losses['declared']:.3f}); {evidence}"
+        )
+        return Outcome("fail", gap, 0.0, margin, [], message)
+
+
+def probe_batch(adapter: Adapter, seed: int) -> tuple[Batch, Tensor]:
+    """``PROBE_ROWS`` random sequences, each repeated twice (``[x, x]``), and the target ids.
+
+    Encoders get every other slot of the second copy replaced by the pad id, and predict it.
+    """
+    caps = adapter.capabilities
+    half = max(2, min(PROBE_HALF, (caps.max_length or 2 * PROBE_HALF) // 2))
+    first = random_ids(seed + 99, (PROBE_ROWS, half), caps.vocab_size, pad_token(adapter), caps.device)
+    targets = torch.cat([first, first], dim=1)  # [B, 2 * half]
+    if caps.family == "encoder_decoder":
+        return Batch(first, torch.ones_like(first), decoder_input_ids=targets, decoder_attention_mask=torch.ones_like(targets)), targets
+    ids = targets.clone()
+    if caps.family == "encoder":
+        ids[:, half::2] = pad_token(adapter)
+    return Batch(ids, torch.ones_like(ids)), targets
+
+
+def probe_loss(adapter: Adapter, probe: Batch, targets: Tensor) -> float:
+    """Mean cross-entropy on the second copy at the best single temperature.
+
+    Decoders: position t predicts token t + 1 (the copy's first token has no cue yet).
+    Encoders: the masked second-copy slots predict the ids they hid. The temperature is
+    fitted per layout so that a layout which only sharpens or flattens the logits (dropping
+    a final norm, say) earns nothing: what counts is how well the weights rank the answer.
+    """
+    logits = adapter.logits(probe).double()  # [B, 2h, V]
+    half = targets.shape[1] // 2
+    if adapter.capabilities.family == "encoder":
+        hidden = probe.input_ids[:, half:] != targets[:, half:]  # [B, h]: the masked slots
+        scored, wanted = logits[:, half:][hidden], targets[:, half:][hidden]  # [N, V], [N]
+    else:
+        scored, wanted = logits[:, half:-1].reshape(-1, logits.shape[-1]), targets[:, half + 1 :].reshape(-1)
+    return min(float(F.cross_entropy(scored / temperature, wanted)) for temperature in TEMPERATURES)
