@@ -223,10 +223,11 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     lines = [f"maskcheck audit of {title}"]
     for r in rows:
         lines.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
-    failing = [c for s in result.suites for c in s.checks if c.status in ("fail", "error")]
-    for c in failing[:6]:
-        if c.case:
-            lines.append(f"  shrunk case for {c.name}: {c.case}")
+    failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
+    for suite_name, c in failing[:8]:
+        lines.append(f"  {suite_name}/{c.name}: {_one_line(c.message, 200)}")
+        if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
+            lines.append(f"    shrunk case: {c.case}")
     lines.append(f"verdict: {result.status.upper()} in {seconds:.1f}s (exit {result.exit_code})")
     return "\n".join(lines)
 

@@ -151,12 +151,12 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
             raise SpecError(f"unknown reference preset {target!r}; known: {', '.join(sorted(PRESETS))}")
         import torch
 
-        config = _override(PRESETS[target], options.overrides) if options.overrides else PRESETS[target]
+        config = override_config(PRESETS[target], options.overrides) if options.overrides else PRESETS[target]
         torch.manual_seed(0)  # a preset is a fixed random-init model, the same in every process
         return adapter_for(Transformer(config), f"ref:{target}", device=device, dtype=dtype)
     try:
         saved = read_config(target)
-        config = _override(saved, options.overrides) if options.overrides else saved
+        config = override_config(saved, options.overrides) if options.overrides else saved
         # An override forces another layout, the way a wrong conversion script would; the
         # norm_checkpoint suite then reports it against what the checkpoint recorded.
         model = load_checkpoint(target, config, allow_mismatch=bool(options.overrides))
@@ -168,7 +168,8 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
     return adapter
 
 
-def _override(config: Any, overrides: dict[str, Any]) -> Any:
+def override_config(config: Any, overrides: dict[str, Any]) -> Any:
+    """``config`` with fields replaced; string values (from a command line) are coerced to the field's type."""
     fields = {f.name: f for f in dataclasses.fields(config)}
     changes: dict[str, Any] = {}
     for key, value in overrides.items():

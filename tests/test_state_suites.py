@@ -141,11 +141,28 @@ TRAINED = {
 }
 
 
-@pytest.fixture(scope="module")
-def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A pre-norm and a post-norm decoder, trained to continue recurring spans (about 12 s each)."""
-    directory = tmp_path_factory.mktemp("trained")
-    return {layout: save_checkpoint(train(run), directory / f"{layout}.safetensors") for layout, run in TRAINED.items()}
+@pytest.fixture(scope="session")
+def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+    """A pre-norm and a post-norm decoder, trained to continue recurring spans (about 12 s each).
+
+    Each model is trained once per test run: pytest-xdist workers share the directory above
+    their own temporary ones, a lock per model keeps two workers from training the same one,
+    and each worker starts with a different model so two workers train both in parallel.
+    """
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    layouts = list(TRAINED)
+    start = int(worker_id.removeprefix("gw")) % len(layouts) if worker_id != "master" else 0
+    paths = {}
+    for layout in layouts[start:] + layouts[:start]:
+        path = shared / f"trained-{layout}.safetensors"
+        with FileLock(str(path) + ".lock"):
+            if not path.exists():
+                partial = save_checkpoint(train(TRAINED[layout]), shared / f"trained-{layout}.partial.safetensors")
+                partial.replace(path)  # atomic: another worker never reads half a checkpoint
+        paths[layout] = path
+    return paths
 
 
 def norm_checks(spec_or_model, **overrides) -> dict:  # type: ignore[no-untyped-def]
@@ -155,14 +172,12 @@ def norm_checks(spec_or_model, **overrides) -> dict:  # type: ignore[no-untyped-
     return {c.name: c for c in suite.checks}
 
 
-@pytest.mark.xdist_group("trained")
 @pytest.mark.parametrize("layout", ["pre", "post"])
 def test_trained_checkpoint_passes_under_its_own_layout(trained_checkpoints, layout: str) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints[layout]}")
     assert [checks[n].status for n in ("metadata", "fingerprint", "behaviour")] == ["pass"] * 3, checks
 
 
-@pytest.mark.xdist_group("trained")
 @pytest.mark.parametrize("layout,other", [("pre", "post"), ("post", "pre")])
 def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkpoints, layout: str, other: str) -> None:  # type: ignore[no-untyped-def]
     """No metadata, no fingerprint: the weights in memory, declared under the wrong layout."""
@@ -179,7 +194,6 @@ def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkp
     assert f"not the declared layout norm_layout={other}" in behaviour.message
 
 
-@pytest.mark.xdist_group("trained")
 def test_override_forcing_another_layout_fails_with_every_kind_of_evidence(trained_checkpoints) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", norm_layout="post")
     assert {n: c.status for n, c in checks.items()} == {"metadata": "fail", "fingerprint": "fail", "behaviour": "fail"}
@@ -188,7 +202,6 @@ def test_override_forcing_another_layout_fails_with_every_kind_of_evidence(train
     assert checks["behaviour"].message.startswith("the weights fit norm_layout=pre")
 
 
-@pytest.mark.xdist_group("trained")
 def test_position_scheme_mismatch_is_caught(trained_checkpoints) -> None:  # type: ignore[no-untyped-def]
     """Rotary weights loaded as learned-absolute: the position table is missing and keeps its init."""
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", position="learned")
