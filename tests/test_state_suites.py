@@ -225,3 +225,10 @@ def test_untrained_weights_are_inconclusive(tmp_path: Path) -> None:
 def test_norm_checkpoint_does_not_apply_to_hugging_face_models() -> None:
     suite = audit(HFAdapter(tiny_model("llama")), ["norm_checkpoint"]).suite("norm_checkpoint")
     assert suite.status == "not_applicable" and "norm layout" in suite.checks[0].message
+
+
+@pytest.mark.parametrize("field,value", [("final_norm", "false"), ("norm", "rmsnorm"), ("position", "alibi"), ("norm_layout", "post")])
+def test_every_forced_layout_field_fails_metadata_and_fingerprint(trained_checkpoints, field: str, value: str) -> None:  # type: ignore[no-untyped-def]
+    checks = norm_checks(f"ref:{trained_checkpoints['pre']}", **{field: value})
+    assert checks["metadata"].status == "fail" and f"{field}: trained with" in checks["metadata"].message
+    assert checks["fingerprint"].status == "fail"
