@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+DEFAULT_BUNDLE_DIR = "maskcheck-report"
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
 
 
@@ -37,13 +38,28 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
     audit.add_argument("--profile", default="dev", choices=["dev", "ci", "thorough"], help="how many cases to draw (default: dev)")
     audit.add_argument("--json", dest="json_path", help="write the JSON report here")
-    audit.add_argument("--report", dest="report_dir", help="write report.json and the effective-mask picture of every failing mask suite into this directory")
+    audit.add_argument(
+        "--report",
+        dest="report_dir",
+        help="write report.json, the effective-mask picture of every failing mask suite and the reproduction bundles "
+        "into this directory (without it, bundles of failing suites go to ./maskcheck-report)",
+    )
     audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field (forces another layout)")
     audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
 
     sub.add_parser("list", help="list suites, reference presets and seeded bugs", description="List suites, reference presets and seeded bugs.")
+
+    replay = sub.add_parser(
+        "replay",
+        help="replay a reproduction bundle",
+        description="Replay the shrunk cases of a reproduction bundle (maskcheck-report/repro-SUITE) and print the verdicts. "
+        "Exit 1 if a case still fails.",
+    )
+    replay.add_argument("bundle", help="the bundle directory (or its case.json)")
+    replay.add_argument("--model", help="replay on another model (a spec) instead of the one recorded in the bundle")
+    replay.add_argument("--device", help="cpu, cuda or auto (default: the device recorded in the bundle)")
 
     picture = sub.add_parser(
         "effective-mask",
@@ -71,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_list()
         if args.command == "effective-mask":
             return cmd_effective_mask(args)
+        if args.command == "replay":
+            return cmd_replay(args)
         return cmd_audit(args)
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
@@ -149,6 +167,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             report_dir = args.report_dir
             if report_dir and implementation:
                 report_dir = str(Path(report_dir) / implementation)
+            # Bundles are written on failure even without --report: a leak is only useful with its reproduction.
+            bundle_dir = report_dir or str(Path(DEFAULT_BUNDLE_DIR) / (implementation or ""))
             result = audit(
                 args.spec,
                 suites,
@@ -158,6 +178,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 examples=args.examples,
                 progress=progress,
                 report_dir=report_dir,
+                bundle_dir=bundle_dir,
                 tolerance_overrides=tolerance_overrides,
             )
         except (SpecError, UnknownSuiteError, ValueError) as exc:
@@ -201,6 +222,21 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
     return 1 if leaks else 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .reproduction import BundleError, replay
+    from .specs import SpecError
+
+    _quiet_transformers()
+    try:
+        results = replay(args.bundle, model=args.model, device=args.device)
+    except (BundleError, SpecError) as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(result.report())
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
 def _progress(event: str, suite: str, result: Any) -> None:
     if event == "start":
         print(f"  running {suite} ...", file=sys.stderr, flush=True)
@@ -228,6 +264,9 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
         lines.append(f"  {suite_name}/{c.name}: {_one_line(c.message, 200)}")
         if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
             lines.append(f"    shrunk case: {c.case}")
+    for suite in result.suites:
+        if suite.reproduction:
+            lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
     lines.append(f"verdict: {result.status.upper()} in {seconds:.1f}s (exit {result.exit_code})")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ shape or misbehaves gives an ``error`` check for that suite, and the audit goes 
 from __future__ import annotations
 
 import platform
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -14,15 +15,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .adapters.base import Adapter, AdapterError
+from .profiles import check_profile, examples_of
 from .registry import UnknownSuiteError, load_suite, suite_names
+from .reproduction import FailedCheck, write_bundle
 from .specs import LoadOptions, adapter_for, load_adapter
 from .suite import Check, RunContext, run_check
 from .tolerance import tolerance_for
 from .verdict import FAILING, CheckResult, SuiteResult, worst
 
 SCHEMA_VERSION = 1
-#: Hypothesis examples per check for each profile (``--examples`` overrides)
-PROFILE_EXAMPLES = {"dev": 8, "ci": 20, "thorough": 200}
 
 ProgressCallback = Callable[[str, str, SuiteResult | None], None]
 
@@ -105,9 +106,14 @@ def audit(
     examples: int | None = None,
     tolerance_overrides: dict[str, dict[str, float]] | None = None,
     report_dir: str | Path | None = None,
+    bundle_dir: str | Path | None = None,
     progress: ProgressCallback | None = None,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
+
+    ``report_dir`` receives the pictures of failing mask suites and, like ``bundle_dir``
+    (which defaults to it), one reproduction bundle per failing suite (``repro-<suite>/``).
+    ``profile`` is one of harness.profiles.PROFILES; ``examples`` replaces its case count.
 
     Raises :class:`harness.specs.SpecError` when the model cannot be loaded and
     :class:`harness.registry.UnknownSuiteError` for an unknown suite name.
@@ -115,14 +121,15 @@ def audit(
     adapter = load_adapter(model, options) if isinstance(model, str) else adapter_for(model)
     names = list(suites) if suites else suite_names()
     loaded = [(name, load_suite(name)) for name in names]  # unknown names fail before any work
-    if profile not in PROFILE_EXAMPLES:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILE_EXAMPLES)}")
+    check_profile(profile)
     context = RunContext(
         tolerance=tolerance_for(adapter.capabilities.device, adapter.capabilities.dtype, tolerance_overrides),
         dtype=adapter.capabilities.dtype,
         seed=seed,
-        examples=examples if examples is not None else PROFILE_EXAMPLES[profile],
+        examples=examples if examples is not None else examples_of(profile),
+        profile=profile,
         report_dir=Path(report_dir) if report_dir is not None else None,
+        bundle_dir=Path(bundle_dir) if bundle_dir is not None else (Path(report_dir) if report_dir is not None else None),
     )
     result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe())
     for name, suite in loaded:
@@ -147,15 +154,29 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     except Exception as exc:  # a suite that cannot even plan its checks is an error, not a crash
         result.checks.append(CheckResult("setup", "error", _describe(exc)))
         return result
+    failures: list[FailedCheck] = []
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
             continue
-        result.checks.append(_run_one(check, context, result))
+        result.checks.append(_run_one(check, context, result, failures))
+    if failures and context.bundle_dir is not None:
+        result.reproduction = _bundle(suite, adapter, context, failures)
     if result.status == "fail" and context.report_dir is not None and hasattr(suite, "effective_mask"):
         result.picture = _draw(suite, adapter, context)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _bundle(suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]) -> str | None:
+    """Write the reproduction bundle of a failing suite; a bundle that cannot be written is
+    reported as missing, never as a crash of the audit."""
+    assert context.bundle_dir is not None
+    try:
+        return str(write_bundle(context.bundle_dir / f"repro-{suite.name}", suite, adapter, context, failures))
+    except Exception as exc:  # pragma: no cover - disk full, unpicklable case ...
+        print(f"maskcheck: could not write the reproduction bundle of {suite.name}: {_describe(exc)}", file=sys.stderr)
+        return None
 
 
 def _draw(suite: Any, adapter: Adapter, context: RunContext) -> str | None:
@@ -171,12 +192,14 @@ def _draw(suite: Any, adapter: Adapter, context: RunContext) -> str | None:
         return None
 
 
-def _run_one(check: Check, context: RunContext, result: SuiteResult) -> CheckResult:
+def _run_one(check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck]) -> CheckResult:
     try:
-        check_result, cases, _ = run_check(check, context)
+        check_result, cases, failure = run_check(check, context)
     except Exception as exc:
         return CheckResult(check.name, "error", _describe(exc))
     result.cases += cases
+    if failure is not None:
+        failures.append(FailedCheck(check.name, failure.case, failure.outcome))
     return check_result
 
 
@@ -192,4 +215,4 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-__all__ = ["AuditResult", "UnknownSuiteError", "audit", "PROFILE_EXAMPLES", "SCHEMA_VERSION"]
+__all__ = ["AuditResult", "UnknownSuiteError", "audit", "SCHEMA_VERSION"]

@@ -93,6 +93,7 @@ def load_adapter(spec: str, options: LoadOptions | None = None) -> Any:
     loader = {"ref": _load_reference, "mutant": _load_mutant, "hf": _load_hf, "module": _load_module}[parsed.scheme]
     adapter = loader(parsed.target, options, device, dtype)
     adapter.spec = str(parsed)
+    adapter.load_options = options  # a reproduction bundle records how the spec was loaded
     return adapter
 
 

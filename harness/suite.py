@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from .adapters.base import Adapter, AdapterError, Capabilities
+from .profiles import profile_settings
 from .tolerance import Tolerance
 from .verdict import SEVERITY, CheckResult
 
@@ -30,8 +31,10 @@ class RunContext:
     dtype: str = "float32"
     seed: int = 0
     examples: int = 20
-    report_dir: Path | None = None
+    report_dir: Path | None = None  # pictures of failing mask suites
+    bundle_dir: Path | None = None  # reproduction bundles of failing suites
     shrink: bool = True
+    profile: str = "dev"
 
 
 @dataclass
@@ -89,9 +92,9 @@ def case_to_dict(case: Any) -> dict[str, Any]:
     return {"value": repr(case)}
 
 
-def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Outcome | None]:
+def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, CaseFailed | None]:
     """Run one check over Hypothesis-drawn cases; returns its result, the number of cases
-    evaluated, and the outcome of the failing (shrunk) case, if any."""
+    evaluated, and the failing (shrunk) case with its outcome, if any."""
     evaluated = 0
     worst_seen: dict[str, Any] = {}
 
@@ -109,23 +112,18 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Outc
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if context.shrink:
         phases.append(Phase.shrink)
-    test = settings(
-        max_examples=max(1, examples),
-        deadline=None,  # a model forward has no deadline
-        database=None,
-        derandomize=False,
-        suppress_health_check=list(HealthCheck),
-        verbosity=Verbosity.quiet,
-        phases=phases,
-        report_multiple_bugs=False,
-    )(given(check.strategy)(prop))
+    # The profile brings no deadline, no database and no health checks (harness/profiles.py).
+    test = settings(profile_settings(context.profile), max_examples=max(1, examples), phases=phases)(given(check.strategy)(prop))
     test = hypothesis_seed(context.seed)(test)
     try:
         test()
     except CaseFailed as failure:
         o = failure.outcome
+        blob = next((note.strip() for note in getattr(failure, "__notes__", []) if "@reproduce_failure" in note), None)
+        if blob:
+            o.detail["hypothesis_blob"] = blob
         result = CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case))
-        return result, evaluated, o
+        return result, evaluated, failure
     except AdapterError as exc:
         return CheckResult(check.name, "error", str(exc)), evaluated, None
     if not worst_seen:

@@ -28,6 +28,7 @@ class Mutant:
     check: str
     description: str
     build: Callable[[], Any]
+    clean: Callable[[], Any]  # the same model without the bug
 
 
 def _reference(config: ModelConfig, **swaps: type) -> Transformer:
@@ -271,22 +272,10 @@ def _tiny_hf(kind: str, attn_implementation: str) -> Any:
 
     torch.manual_seed(0)
     if kind == "gpt2":
-        config = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        config = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
     else:
         config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
-
-
-def _hf_gpt2_sees_next() -> Any:
-    return _tiny_hf("gpt2", _hf_attention("maskcheck_sees_next", _leak_next))
-
-
-def _hf_llama_ignores_padding() -> Any:
-    return _tiny_hf("llama", _hf_attention("maskcheck_drop_padding", _drop_padding))
-
-
-def _hf_llama_cached_chunk_top_left() -> Any:
-    return _tiny_hf("llama", _hf_attention("maskcheck_top_left_cached", _top_left_causal_on_cached_chunks))
 
 
 DECODER = ModelConfig()
@@ -295,37 +284,64 @@ ENCODER = ModelConfig(family="encoder", position="learned")
 ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
 SLIDING = ModelConfig(sliding_window=3, n_layers=2)
 
+def _ref(name: str, suite: str, check: str, config: ModelConfig, description: str | None = None, **swaps: type) -> Mutant:
+    """A reference-model mutant; its clean twin is the same config without the swap."""
+    doc = description or next(iter(swaps.values())).__doc__ or ""
+    return Mutant(name, suite, check, " ".join(doc.split()), lambda: _reference(config, **swaps), lambda: _reference(config))
+
+
+def _hf(name: str, suite: str, check: str, description: str, kind: str, transform: Callable[[Any, int, int], Any]) -> Mutant:
+    """A tiny Hugging Face model whose attention mask goes through ``transform``; its clean twin runs sdpa."""
+    return Mutant(name, suite, check, description, lambda: _tiny_hf(kind, _hf_attention(f"maskcheck_{name}", transform)), lambda: _tiny_hf(kind, "sdpa"))
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in [
-        Mutant("causal_sees_next_token", "causal", "future_tokens", SeesNextToken.__doc__ or "", lambda: _reference(DECODER, decoder=SeesNextToken)),
-        Mutant("causal_last_layer_bidirectional", "causal", "future_tokens", LastLayerBidirectional.__doc__ or "", lambda: _reference(DECODER, decoder=LastLayerBidirectional)),
-        Mutant("causal_window_ignored", "causal", "declared_pattern", "a sliding window is declared but the mask is plain causal", lambda: _reference(SLIDING, decoder=PlainCausalMask)),
-        Mutant("causal_encoder_is_causal", "causal", "declared_pattern", "an encoder built with a causal mask", lambda: _reference(ENCODER, encoder=PlainCausalMask)),
-        Mutant("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", _hf_gpt2_sees_next),
-        Mutant("padding_mask_ignored", "padding", "pad_ids", PaddingIgnored.__doc__ or "", lambda: _reference(DECODER, decoder=PaddingIgnored)),
-        Mutant("padding_polarity_inverted", "padding", "pad_ids", PolarityInverted.__doc__ or "", lambda: _reference(ENCODER, encoder=PolarityInverted)),
-        Mutant("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", _hf_llama_ignores_padding),
-        Mutant("cross_attention_unmasked", "cross_attention", "source_pad_ids", CrossUnmasked.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossUnmasked)),
-        Mutant("cross_attention_inverted", "cross_attention", "source_pad_ids", CrossInverted.__doc__ or "", lambda: _reference(ENCODER_DECODER, model=CrossInverted)),
-        Mutant("packing_segments_ignored", "packing", "segment_isolation", SegmentsIgnored.__doc__ or "", lambda: _reference(DECODER, decoder=SegmentsIgnored)),
-        Mutant("packing_encoder_segments_ignored", "packing", "segment_isolation", "an encoder whose block-diagonal mask is missing", lambda: _reference(ENCODER, encoder=SegmentsIgnored)),
-        Mutant("packing_positions_not_restarted", "packing", "segments_alone", PositionsNotRestarted.__doc__ or "", lambda: _reference(LEARNED, decoder=PositionsNotRestarted)),
-        Mutant("packing_boundary_off_by_one", "packing", "segment_isolation", SegmentBoundaryOffByOne.__doc__ or "", lambda: _reference(DECODER, decoder=SegmentBoundaryOffByOne)),
-        Mutant("kv_cache_positions_restart", "kv_cache", "incremental", PositionsRestartWithCache.__doc__ or "", lambda: _reference(DECODER, decoder=PositionsRestartWithCache)),
-        Mutant("kv_cache_appended_twice", "kv_cache", "incremental", CacheAppendedTwice.__doc__ or "", lambda: _reference(DECODER, model=CacheAppendedTwice)),
-        Mutant("kv_cache_chunk_sees_its_future", "kv_cache", "incremental", CacheSkipsCausalMask.__doc__ or "", lambda: _reference(DECODER, decoder=CacheSkipsCausalMask)),
-        Mutant("kv_cache_cross_from_decoder_states", "kv_cache", "incremental", CrossFromDecoderStates.__doc__ or "", _cross_from_decoder_states),
-        Mutant("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", _hf_llama_cached_chunk_top_left),
-        Mutant("loss_without_shift", "loss_masking", "reference_loss", LossWithoutShift.__doc__ or "", lambda: _reference(DECODER, model=LossWithoutShift)),
-        Mutant("loss_over_all_positions", "loss_masking", "reference_loss", LossOverAllPositions.__doc__ or "", lambda: _reference(DECODER, model=LossOverAllPositions)),
-        Mutant("loss_counts_ignored", "loss_masking", "reference_loss", LossCountsIgnored.__doc__ or "", lambda: _reference(DECODER, model=LossCountsIgnored)),
+        _ref("causal_sees_next_token", "causal", "future_tokens", DECODER, decoder=SeesNextToken),
+        _ref("causal_last_layer_bidirectional", "causal", "future_tokens", DECODER, decoder=LastLayerBidirectional),
+        _ref("causal_window_ignored", "causal", "declared_pattern", SLIDING, "a sliding window is declared but the mask is plain causal", decoder=PlainCausalMask),
+        _ref("causal_encoder_is_causal", "causal", "declared_pattern", ENCODER, "an encoder built with a causal mask", encoder=PlainCausalMask),
+        _hf("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", "gpt2", _leak_next),
+        _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
+        _ref("padding_polarity_inverted", "padding", "pad_ids", ENCODER, encoder=PolarityInverted),
+        _hf("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", "llama", _drop_padding),
+        _ref("cross_attention_unmasked", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossUnmasked),
+        _ref("cross_attention_inverted", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossInverted),
+        _ref("loss_without_shift", "loss_masking", "reference_loss", DECODER, model=LossWithoutShift),
+        _ref("loss_over_all_positions", "loss_masking", "reference_loss", DECODER, model=LossOverAllPositions),
+        _ref("loss_counts_ignored", "loss_masking", "reference_loss", DECODER, model=LossCountsIgnored),
+        _ref("packing_segments_ignored", "packing", "segment_isolation", DECODER, decoder=SegmentsIgnored),
+        _ref("packing_encoder_segments_ignored", "packing", "segment_isolation", ENCODER, "an encoder whose block-diagonal mask is missing", encoder=SegmentsIgnored),
+        _ref("packing_positions_not_restarted", "packing", "segments_alone", LEARNED, decoder=PositionsNotRestarted),
+        _ref("packing_boundary_off_by_one", "packing", "segment_isolation", DECODER, decoder=SegmentBoundaryOffByOne),
+        _ref("kv_cache_positions_restart", "kv_cache", "incremental", DECODER, decoder=PositionsRestartWithCache),
+        _ref("kv_cache_appended_twice", "kv_cache", "incremental", DECODER, model=CacheAppendedTwice),
+        _ref("kv_cache_chunk_sees_its_future", "kv_cache", "incremental", DECODER, decoder=CacheSkipsCausalMask),
+        Mutant(
+            "kv_cache_cross_from_decoder_states",
+            "kv_cache",
+            "incremental",
+            " ".join((CrossFromDecoderStates.__doc__ or "").split()),
+            _cross_from_decoder_states,
+            lambda: _reference(ENCODER_DECODER),
+        ),
+        _hf("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", "llama", _top_left_causal_on_cached_chunks),
     ]
 }
 
 
 def build(name: str) -> Any:
     """Build the mutant ``name`` (a fresh model each call)."""
+    return _mutant(name).build().eval()
+
+
+def build_clean(name: str) -> Any:
+    """The mutant's clean twin: the same model without the bug (what a fixed bundle replays on)."""
+    return _mutant(name).clean().eval()
+
+
+def _mutant(name: str) -> Mutant:
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
-    return MUTANTS[name].build().eval()
+    return MUTANTS[name]

@@ -1,0 +1,62 @@
+"""Hypothesis settings profiles for maskcheck's checks: ``dev``, ``ci`` and ``thorough``.
+
+They are registered with Hypothesis when this module is imported (the engine imports it),
+so any repo that runs maskcheck gets them. They are registered as ``maskcheck-dev``,
+``maskcheck-ci`` and ``maskcheck-thorough``: a bare ``ci`` would replace a profile of that
+name the host repo registers for its own tests (a deliberate departure from DESIGN.md's
+short names, which remain the names users type: ``--profile ci``, ``--maskcheck-profile ci``).
+
+How the knobs combine:
+
+- the profile sets how many cases each check draws (``max_examples``) and whether the
+  ``@reproduce_failure`` blob is printed;
+- ``--examples N`` replaces the profile's ``max_examples``; a check with a small case
+  space draws fewer (its own cap);
+- ``--seed S`` (default 0) seeds Hypothesis for every check, so every profile is
+  derandomized: the same spec, seed and profile draw the same cases on every machine.
+  Hypothesis's own ``derandomize`` flag is not used because it ignores the seed, and
+  ``--seed`` must keep its meaning under ``ci`` too;
+- a model forward has no deadline and no health check fires for slow data generation;
+- no example database: a failure is replayed from its reproduction bundle, never from
+  ``.hypothesis/``, so pytest-xdist workers never share or race on one.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Verbosity, settings
+
+PROFILES: dict[str, settings] = {
+    "dev": settings(max_examples=8, print_blob=False),
+    "ci": settings(max_examples=20, print_blob=True),
+    "thorough": settings(max_examples=200, print_blob=True),
+}
+COMMON = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": list(HealthCheck),
+    "verbosity": Verbosity.quiet,
+    "report_multiple_bugs": False,
+}
+
+
+def hypothesis_name(profile: str) -> str:
+    return f"maskcheck-{profile}"
+
+
+def check_profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    return profile
+
+
+def profile_settings(profile: str) -> settings:
+    """The registered Hypothesis settings of a maskcheck profile."""
+    return settings.get_profile(hypothesis_name(check_profile(profile)))
+
+
+def examples_of(profile: str) -> int:
+    return profile_settings(profile).max_examples
+
+
+for _name, _settings in PROFILES.items():
+    settings.register_profile(hypothesis_name(_name), settings(_settings, **COMMON))

@@ -1,0 +1,345 @@
+"""Reproduction bundles: a failing check as plain data, its inputs, and a standalone test.
+
+A bundle is a directory ``repro-<suite>/`` holding
+
+- ``case.json``: the model (spec with absolute paths, a hash of its weights), the seed,
+  profile, dtype, device, tolerance, and per failing check the shrunk case (with its type,
+  so it can be rebuilt), the measured outcome and Hypothesis's ``@reproduce_failure`` blob
+  (printed for the curious; it is not stable across Hypothesis versions and replay never
+  uses it);
+- ``inputs.safetensors``: every tensor the model received while the case was replayed;
+- ``test_repro_<suite>.py``: a pytest file that rebuilds the model, replays each case with
+  nothing but maskcheck installed, and fails with the same message.
+
+Bundles are written to a temporary directory and renamed into place, so they are
+complete or absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .adapters.base import Adapter, Batch
+from .suite import Outcome, RunContext
+from .tolerance import Tolerance
+
+BUNDLE_FORMAT = 1
+CASE_FILE = "case.json"
+INPUTS_FILE = "inputs.safetensors"
+
+
+class BundleError(Exception):
+    """A bundle that cannot be read or replayed; the message is one line for the user."""
+
+
+# -- recording the inputs of one case -----------------------------------------------------------
+
+
+class RecordingAdapter:
+    """Wraps an adapter and keeps every batch and token tensor passed to it, in call order."""
+
+    def __init__(self, adapter: Adapter, tensors: dict[str, Any] | None = None) -> None:
+        self._adapter = adapter
+        self.tensors: dict[str, Any] = {} if tensors is None else tensors
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+    def packing_settings(self) -> list:
+        # The settings' adapters run the packed cases: record through them too.
+        return [(setting, RecordingAdapter(adapter, self.tensors)) for setting, adapter in self._adapter.packing_settings()]
+
+    def _keep(self, call: str, batch: Batch | None = None, **tensors: Any) -> None:
+        index = len({key.split(".")[0] for key in self.tensors})
+        fields = dataclasses.asdict(batch) if batch is not None else {}
+        for name, value in {**fields, **tensors}.items():
+            if value is not None:
+                # a copy: tensors that share memory (the same labels passed twice) cannot be saved apart
+                self.tensors[f"{index:03d}_{call}.{name}"] = value.detach().cpu().clone()
+
+    def logits(self, batch: Batch) -> Any:
+        self._keep("logits", batch)
+        return self._adapter.logits(batch)
+
+    def loss(self, batch: Batch, labels: Any) -> Any:
+        self._keep("loss", batch, labels=labels)
+        return self._adapter.loss(batch, labels)
+
+    def prefill(self, batch: Batch) -> Any:
+        self._keep("prefill", batch)
+        return self._adapter.prefill(batch)
+
+    def step(self, state: Any, tokens: Any, attention_mask: Any = None) -> Any:
+        self._keep("step", None, tokens=tokens, attention_mask=attention_mask)
+        return self._adapter.step(state, tokens, attention_mask)
+
+
+# -- identifying the model --------------------------------------------------------------------
+
+
+def absolute_spec(spec: str) -> str | None:
+    """The spec with an absolute path, or None for a model handed in as an object."""
+    if not spec or spec.startswith("<") or " " in spec:  # an object, or a relayout of one ("... as norm=...")
+        return None
+    scheme, _, target = spec.partition(":")
+    if scheme in ("hf", "ref") and ("/" in target or target.endswith(".safetensors")):
+        return f"{scheme}:{os.path.abspath(target.split(' as ')[0])}"
+    return spec
+
+
+def weights_hash(spec: str | None) -> str | None:
+    """SHA-256 over the weight files behind a path spec (None for presets, mutants, factories)."""
+    if spec is None:
+        return None
+    scheme, _, target = spec.partition(":")
+    path = Path(target)
+    if scheme not in ("hf", "ref") or not path.exists():
+        return None
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode())
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+# -- cases as plain data ----------------------------------------------------------------------
+
+
+def case_record(case: Any) -> dict[str, Any]:
+    kind = type(case)
+    return {"type": f"{kind.__module__}:{kind.__qualname__}", "fields": dataclasses.asdict(case)}
+
+
+def rebuild_case(record: dict[str, Any]) -> Any:
+    """The case object from its record; JSON lists become the tuples the dataclass holds."""
+    try:
+        module_name, qualname = record["type"].split(":")
+        cls = getattr(importlib.import_module(module_name), qualname)
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["fields"].items()}
+        return cls(**fields)
+    except (KeyError, ValueError, AttributeError, ImportError, TypeError) as exc:
+        raise BundleError(f"cannot rebuild the case {record.get('type', '?') if isinstance(record, dict) else record!r}: {exc}") from None
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class FailedCheck:
+    check: str
+    case: Any
+    outcome: Outcome
+
+
+def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]) -> Path:
+    """Replay each failing case with its inputs recorded, then write the bundle atomically."""
+    from safetensors.torch import save_file
+
+    spec = absolute_spec(adapter.spec)
+    recorder = RecordingAdapter(adapter)
+    checks = {c.name: c for c in suite.checks(recorder, context) if hasattr(c, "evaluate")}
+    records = []
+    for failure in failures:
+        before = set(recorder.tensors)
+        if failure.check in checks:
+            checks[failure.check].evaluate(failure.case)
+        records.append(
+            {
+                "check": failure.check,
+                "case": case_record(failure.case),
+                "outcome": {k: getattr(failure.outcome, k) for k in ("status", "max_diff", "floor", "threshold", "positions", "message")},
+                "inputs": sorted(set(recorder.tensors) - before),
+                "hypothesis_blob": failure.outcome.detail.get("hypothesis_blob"),
+            }
+        )
+    options = getattr(adapter, "load_options", None)
+    data = {
+        "format": BUNDLE_FORMAT,
+        "suite": suite.name,
+        "model": {
+            "spec": spec,
+            "weights_sha256": weights_hash(spec),
+            "note": None if spec else "handed to maskcheck as an object: replay with your factory (see the test file)",
+            # how the spec was loaded: an override forces a layout, a task or backend changes the model
+            "overrides": dict(options.overrides) if options else {},
+            "task": options.task if options else None,
+            "attn_implementation": options.attn_implementation if options else None,
+        },
+        "seed": context.seed,
+        "profile": context.profile,
+        "dtype": context.dtype,
+        "device": adapter.capabilities.device,
+        "tolerance": dataclasses.asdict(context.tolerance),
+        "checks": records,
+    }
+    from .runner import maskcheck_version
+
+    data["maskcheck_version"] = maskcheck_version()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        (staging / CASE_FILE).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+        save_file(recorder.tensors, str(staging / INPUTS_FILE), metadata={"suite": suite.name})
+        (staging / f"test_repro_{suite.name}.py").write_text(repro_test_source(data))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
+
+
+def repro_test_source(data: dict[str, Any]) -> str:
+    suite, spec = data["suite"], data["model"]["spec"]
+    checks = [c["check"] for c in data["checks"]]
+    factory = (
+        "MODEL = None  # replayed from the spec recorded in case.json\n"
+        if spec
+        else "# The model was handed to maskcheck as an object. Set MODEL to your factory's model, e.g.\n"
+        "# from mypkg.models import build; MODEL = build()\nMODEL = None\n"
+    )
+    return f'''"""Reproduction of a maskcheck failure: suite {suite!r} on {spec or "a model object"}.
+
+Run it with plain pytest:  pytest {Path(f"test_repro_{suite}.py")}
+Each test replays one shrunk case and fails with the message maskcheck reported.
+Written by maskcheck {data.get("maskcheck_version", "?")}.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from harness.reproduction import replay_check
+
+BUNDLE = Path(__file__).resolve().parent
+{factory}
+
+@pytest.mark.parametrize("check", {checks!r})
+def test_repro_{suite}(check: str) -> None:
+    result = replay_check(BUNDLE, check, model=MODEL)
+    assert result.status != "fail", result.report()
+'''
+
+
+# -- loading and replaying --------------------------------------------------------------------
+
+
+@dataclass
+class ReplayResult:
+    suite: str
+    check: str
+    status: str
+    message: str
+    recorded_message: str
+    model: str
+    weights_note: str | None = None
+    outcome: Outcome | None = field(default=None, repr=False)
+
+    def report(self) -> str:
+        lines = [f"{self.suite}/{self.check} on {self.model}: {self.status.upper()}: {self.message}"]
+        if self.weights_note:
+            lines.append(self.weights_note)
+        if self.status == "fail" and self.message != self.recorded_message:
+            lines.append(f"(recorded: {self.recorded_message})")
+        return "\n".join(lines)
+
+
+def load_bundle(path: str | Path) -> dict[str, Any]:
+    """Read and validate ``case.json`` of a bundle directory (or the file itself)."""
+    path = Path(path)
+    file = path / CASE_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise BundleError(f"no reproduction bundle at {path} (expected a directory with {CASE_FILE})")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{file} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("checks"), list) or not isinstance(data.get("suite"), str):
+        raise BundleError(f"{file} is not a maskcheck bundle (no suite or checks)")
+    if data.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{file} has bundle format {data.get('format')!r}; this maskcheck reads format {BUNDLE_FORMAT}")
+    for record in data["checks"]:
+        if not isinstance(record, dict) or not isinstance(record.get("check"), str) or not isinstance(record.get("case"), dict):
+            raise BundleError(f"{file}: a check entry lacks its name or case")
+    return data
+
+
+def replay(path: str | Path, model: Any = None, device: str | None = None) -> list[ReplayResult]:
+    """Replay every failing check of a bundle, on its own model or on ``model`` (spec, object or adapter)."""
+    data = load_bundle(path)
+    adapter, note = _adapter_for_replay(data, model, device)
+    return [_replay_one(data, record, adapter, note) for record in data["checks"]]
+
+
+def replay_check(path: str | Path, check: str, model: Any = None, device: str | None = None) -> ReplayResult:
+    data = load_bundle(path)
+    record = next((r for r in data["checks"] if r["check"] == check), None)
+    if record is None:
+        raise BundleError(f"{path}: no check {check!r} in the bundle (has {[r['check'] for r in data['checks']]})")
+    adapter, note = _adapter_for_replay(data, model, device)
+    return _replay_one(data, record, adapter, note)
+
+
+def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> tuple[Adapter, str | None]:
+    from .specs import LoadOptions, adapter_for, load_adapter
+
+    recorded = data["model"] if isinstance(data.get("model"), dict) else {}
+    options = LoadOptions(
+        device=device or str(data.get("device", "cpu")).split(":")[0],
+        dtype=data.get("dtype"),
+        task=recorded.get("task"),
+        attn_implementation=recorded.get("attn_implementation"),
+        overrides=dict(recorded.get("overrides") or {}),
+    )
+    if model is None:
+        spec = recorded.get("spec")
+        if not spec:
+            raise BundleError("the bundle's model was handed to maskcheck as an object; pass model= (your factory's model) or --model SPEC")
+        adapter = load_adapter(spec, options)
+        now = weights_hash(spec)
+        before = recorded.get("weights_sha256")
+        note = None
+        if before and now != before:
+            note = f"warning: the weights behind {spec} changed since the bundle was written (sha256 {before[:12]}... -> {str(now)[:12]}...)"
+        return adapter, note
+    if isinstance(model, str):
+        return load_adapter(model, options), None
+    return adapter_for(model), None
+
+
+def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter, note: str | None) -> ReplayResult:
+    from .registry import load_suite
+
+    suite = load_suite(data["suite"])
+    case = rebuild_case(record["case"])
+    tolerance = Tolerance(**data["tolerance"])
+    context = RunContext(tolerance=tolerance, dtype=adapter.capabilities.dtype, seed=int(data.get("seed", 0)), profile=data.get("profile", "dev"))
+    recorded_message = record.get("outcome", {}).get("message", "")
+    reason = suite.not_applicable(adapter.capabilities)
+    if reason:
+        return ReplayResult(data["suite"], record["check"], "not_applicable", reason, recorded_message, adapter.spec, note)
+    checks = {c.name: c for c in suite.checks(adapter, context) if hasattr(c, "evaluate")}
+    if record["check"] not in checks:
+        raise BundleError(f"suite {data['suite']} has no check {record['check']!r} for {adapter.spec}")
+    outcome = checks[record["check"]].evaluate(case)
+    message = outcome.message or f"max |d log p| = {outcome.max_diff:.3g} <= threshold {outcome.threshold:.3g}"
+    return ReplayResult(data["suite"], record["check"], outcome.status, message, recorded_message, adapter.spec, note, outcome)

@@ -1,0 +1,162 @@
+"""Reproduction bundles, `maskcheck replay` and the Hypothesis profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import audit
+from harness.cli import main
+from harness.reproduction import BundleError, load_bundle, replay, replay_check
+from reference_models import ModelConfig, Transformer, save_checkpoint
+from reference_models.mutants import MUTANTS, build, build_clean
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One bundle per seeded bug, each audited with its own suite only."""
+    root = tmp_path_factory.mktemp("bundles")
+    written = {}
+    for name, mutant in MUTANTS.items():
+        result = audit(f"mutant:{name}", [mutant.suite], bundle_dir=root / name)
+        written[name] = Path(result.suite(mutant.suite).reproduction)
+    return written
+
+
+def test_every_seeded_bug_writes_a_complete_bundle(bundles: dict[str, Path]) -> None:
+    for name, path in bundles.items():
+        mutant = MUTANTS[name]
+        assert path.name == f"repro-{mutant.suite}"
+        assert sorted(p.name for p in path.iterdir()) == sorted(["case.json", "inputs.safetensors", f"test_repro_{mutant.suite}.py"])
+        data = load_bundle(path)
+        assert data["model"]["spec"] == f"mutant:{name}"
+        assert mutant.check in [c["check"] for c in data["checks"]]
+        record = next(c for c in data["checks"] if c["check"] == mutant.check)
+        assert record["inputs"], "the tensors the model received are recorded"
+        assert record["outcome"]["max_diff"] > record["outcome"]["threshold"] or record["outcome"]["status"] == "fail"
+        assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "no half-written staging directory is left"
+
+
+def test_standalone_reproduction_files_fail_under_plain_pytest(bundles: dict[str, Path], tmp_path: Path) -> None:
+    """All bundles' test files, copied to a fresh directory, run in one plain pytest process."""
+    import shutil
+
+    for name, path in bundles.items():
+        shutil.copytree(path, tmp_path / name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib", "-rf", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    out = completed.stdout
+    assert completed.returncode == 1, out[-3000:]
+    expected = sum(len(load_bundle(p)["checks"]) for p in bundles.values())
+    assert f"{expected} failed" in out and "passed" not in out.splitlines()[-1], out[-2000:]
+    # Each file fails with the message maskcheck reported.
+    for path in bundles.values():
+        for record in load_bundle(path)["checks"]:
+            assert record["outcome"]["message"].split(":")[0] in out
+
+
+def test_bundles_pass_when_replayed_on_the_clean_model(bundles: dict[str, Path]) -> None:
+    for name, path in bundles.items():
+        results = replay(path, model=build_clean(name))
+        assert results and all(r.status in ("pass", "warn") for r in results), [r.report() for r in results]
+
+
+def test_replay_cli_reports_the_verdict(bundles: dict[str, Path], capsys) -> None:  # type: ignore[no-untyped-def]
+    path = bundles["kv_cache_chunk_sees_its_future"]
+    assert main(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "kv_cache/incremental on mutant:kv_cache_chunk_sees_its_future: FAIL: cached decoding (prefill 1, then steps of 2)" in out
+    assert main(["replay", str(path), "--model", "ref:tiny-decoder"]) == 0
+    assert "kv_cache/incremental on ref:tiny-decoder: PASS" in capsys.readouterr().out
+
+
+def test_replay_says_when_the_weights_changed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(Transformer(ModelConfig()), tmp_path / "model.safetensors")
+    from harness.specs import LoadOptions
+
+    result = audit(f"ref:{checkpoint}", ["norm_checkpoint"], options=LoadOptions(overrides={"norm_layout": "post"}), bundle_dir=tmp_path / "report")
+    bundle = Path(result.suite("norm_checkpoint").reproduction)
+    data = load_bundle(bundle)
+    assert data["model"]["spec"] == f"ref:{checkpoint}" and data["model"]["overrides"] == {"norm_layout": "post"}
+    assert len(data["model"]["weights_sha256"]) == 64
+    assert replay_check(bundle, "metadata").status == "fail"  # the override is replayed too
+    torch.manual_seed(1)
+    save_checkpoint(Transformer(ModelConfig()), checkpoint)
+    replayed = replay_check(bundle, "metadata")
+    assert replayed.weights_note and "changed since the bundle was written" in replayed.weights_note
+
+
+def test_a_model_object_gets_a_bundle_that_replays_from_the_authors_factory(tmp_path: Path) -> None:
+    result = audit(build("padding_mask_ignored"), ["padding"], bundle_dir=tmp_path)
+    bundle = Path(result.suite("padding").reproduction)
+    data = load_bundle(bundle)
+    assert data["model"]["spec"] is None and "object" in data["model"]["note"]
+    assert "Set MODEL to your factory's model" in (bundle / "test_repro_padding.py").read_text()
+    with pytest.raises(BundleError, match="pass model="):
+        replay(bundle)
+    assert replay_check(bundle, "pad_ids", model=build("padding_mask_ignored")).status == "fail"
+
+
+def test_ci_profile_records_the_hypothesis_blob(tmp_path: Path) -> None:
+    result = audit("mutant:causal_sees_next_token", ["causal"], profile="ci", bundle_dir=tmp_path)
+    data = load_bundle(result.suite("causal").reproduction)
+    blob = data["checks"][0]["hypothesis_blob"]
+    assert blob and "@reproduce_failure(" in blob
+
+
+def test_profiles_are_registered_with_hypothesis() -> None:
+    import harness.profiles  # noqa: F401
+
+    assert settings.get_profile("maskcheck-dev").max_examples == 8
+    ci = settings.get_profile("maskcheck-ci")
+    assert ci.max_examples == 20 and ci.print_blob and ci.deadline is None and ci.database is None
+    assert settings.get_profile("maskcheck-thorough").max_examples == 200
+    assert set(HealthCheck) <= set(ci.suppress_health_check)
+
+
+def test_examples_replace_the_profile_count_and_seed_keeps_runs_identical() -> None:
+    first = audit("ref:tiny-decoder", ["padding"], profile="thorough", examples=3, seed=5).to_dict()
+    again = audit("ref:tiny-decoder", ["padding"], profile="thorough", examples=3, seed=5).to_dict()
+    for report in (first, again):
+        for suite in report["suites"]:
+            suite.pop("seconds")
+    assert first == again
+    assert first["suites"][0]["cases"] <= 5 * 3  # at most 3 per check (positions_from_mask draws fewer)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12))
+def test_bundle_loader_rejects_malformed_json_with_a_bundle_error(tmp_path_factory, value) -> None:  # type: ignore[no-untyped-def]
+    directory = tmp_path_factory.mktemp("fuzz")
+    (directory / "case.json").write_text(json.dumps(value))
+    try:
+        load_bundle(directory)
+    except BundleError:
+        pass
+
+
+def test_bundle_loader_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="no reproduction bundle"):
+        load_bundle(tmp_path / "missing")
+    (tmp_path / "case.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        load_bundle(tmp_path)
+    (tmp_path / "case.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(BundleError):
+        load_bundle(tmp_path)
