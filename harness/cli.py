@@ -7,7 +7,6 @@ loading error, or nothing applicable; 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
-STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,24 +25,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    audit = sub.add_parser("audit", help="run the invariance suites against a model", description="Run the invariance suites against one model and print a verdict table.")
+    audit = sub.add_parser(
+        "audit",
+        help="run the invariance suites against a model",
+        description="Run the invariance suites against one model and print a verdict table. Options not given here "
+        "are read from [tool.maskcheck] in the nearest pyproject.toml.",
+        epilog="Exit codes: 0 clean (warnings allowed); 1 a check failed, errored or did not run; 2 usage or loading "
+        "error, or no suite applied; 130 interrupted (the report keeps what finished).",
+    )
     audit.add_argument("spec", help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory")
     audit.add_argument("--suites", help="comma-separated suites to run (default: every suite; inapplicable ones report n/a)")
-    audit.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    audit.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
     audit.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the model's own)")
     audit.add_argument("--attn-implementation", help="Hugging Face attention backend(s), comma-separated, e.g. eager,sdpa: one audit each")
     audit.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq"], help="hf: override the task read from config.json")
-    audit.add_argument("--examples", type=int, help="Hypothesis examples per check (default: from the profile)")
-    audit.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
-    audit.add_argument("--profile", default="dev", choices=["dev", "ci", "thorough"], help="how many cases to draw (default: dev)")
-    audit.add_argument("--json", dest="json_path", help="write the JSON report here")
+    audit.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
+    audit.add_argument("--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases")
+    audit.add_argument("--profile", choices=["dev", "ci", "thorough"], help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)")
+    audit.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN")
+    audit.add_argument("--json", dest="json_path", help="write the JSON report here (updated after every suite)")
     audit.add_argument(
         "--report",
         dest="report_dir",
-        help="write report.json, the effective-mask picture of every failing mask suite and the reproduction bundles "
-        "into this directory (without it, bundles of failing suites go to ./maskcheck-report)",
+        help="write report.json, report.md, the effective-mask picture of every failing mask suite and the "
+        "reproduction bundles into this directory (without it, bundles of failing suites go to ./maskcheck-report)",
     )
-    audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field (forces another layout)")
+    audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field, forcing another layout (repeatable)")
     audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
@@ -138,48 +144,63 @@ def _quiet_transformers() -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .registry import UnknownSuiteError
+    from .report import render_markdown, render_table, write_atomically, write_json
     from .runner import audit
     from .specs import LoadOptions, SpecError
 
     if not args.verbose:
         _quiet_transformers()
     try:
-        tolerance_overrides = load_config().get("tolerance")
+        config = load_config()
     except ConfigError as exc:
         print(f"maskcheck: error: {exc}", file=sys.stderr)
         return 2
-    suites = [s.strip() for s in args.suites.split(",") if s.strip()] if args.suites else None
-    implementations = [a.strip() for a in args.attn_implementation.split(",")] if args.attn_implementation else [None]
+
+    def option(name: str, key: str, default: Any) -> Any:
+        value = getattr(args, name)
+        return value if value is not None else config.get(key, default)
+
+    suites = _split(args.suites) if args.suites else config.get("suites")
+    implementations = (_split(args.attn_implementation) if args.attn_implementation else config.get("attn_implementation")) or [None]
+    report_root = option("report_dir", "report", None)
     worst_exit = 0
     reports: list[dict[str, Any]] = []
     for implementation in implementations:
+        report_dir = str(Path(report_root) / implementation) if report_root and implementation else report_root
+        # Bundles are written on failure even without --report: a leak is only useful with its reproduction.
+        bundle_dir = report_dir or str(Path(DEFAULT_BUNDLE_DIR) / (implementation or ""))
+        json_path = Path(args.json_path) if args.json_path and len(implementations) == 1 else None
+        started = time.perf_counter()
+
+        def save_progress(event: str, suite: str, result: Any) -> None:
+            # After every suite (and before the first) the reports on disk hold what finished.
+            if event == "start" and not args.quiet:
+                print(f"  running {suite} ...", file=sys.stderr, flush=True)
+            for path in ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else []):
+                write_json(path, result.to_dict())
+
         try:
             options = LoadOptions(
-                device=args.device,
-                dtype=args.dtype,
-                task=args.task,
+                device=option("device", "device", "cpu"),
+                dtype=option("dtype", "dtype", None),
+                task=option("task", "task", None),
                 attn_implementation=implementation,
                 overrides=_overrides(args.override),
                 trust_remote_code=args.trust_remote_code,
             )
-            progress = None if args.quiet else _progress
-            started = time.perf_counter()
-            report_dir = args.report_dir
-            if report_dir and implementation:
-                report_dir = str(Path(report_dir) / implementation)
-            # Bundles are written on failure even without --report: a leak is only useful with its reproduction.
-            bundle_dir = report_dir or str(Path(DEFAULT_BUNDLE_DIR) / (implementation or ""))
             result = audit(
                 args.spec,
                 suites,
                 options=options,
-                seed=args.seed,
-                profile=args.profile,
-                examples=args.examples,
-                progress=progress,
+                seed=option("seed", "seed", 0),
+                profile=option("profile", "profile", "dev"),
+                examples=option("examples", "examples", None),
+                timeout=option("timeout", "timeout", None),
+                known_findings=config.get("known_findings", ()),
+                progress=save_progress,
                 report_dir=report_dir,
                 bundle_dir=bundle_dir,
-                tolerance_overrides=tolerance_overrides,
+                tolerance_overrides=config.get("tolerance"),
             )
         except (SpecError, UnknownSuiteError, ValueError) as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
@@ -191,13 +212,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
         reports.append(result.to_dict())
         if report_dir:
-            write_json(Path(report_dir) / "report.json", result.to_dict())
-            print(f"report: {report_dir}/report.json")
+            write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
+            print(f"report: {report_dir}/report.json, {report_dir}/report.md")
         worst_exit = max(worst_exit, result.exit_code)
     if args.json_path:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
         print(f"JSON report: {args.json_path}")
     return worst_exit
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def cmd_effective_mask(args: argparse.Namespace) -> int:
@@ -235,53 +260,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for result in results:
         print(result.report())
     return 1 if any(r.status == "fail" for r in results) else 0
-
-
-def _progress(event: str, suite: str, result: Any) -> None:
-    if event == "start":
-        print(f"  running {suite} ...", file=sys.stderr, flush=True)
-
-
-def render_table(result: Any, title: str, seconds: float, verbose: bool = False) -> str:
-    rows = [("suite", "status", "cases", "worst diff / threshold", "reason")]
-    for suite in result.suites:
-        check = suite.worst_check()
-        diff = ""
-        if check is not None and check.max_diff is not None and check.threshold:
-            diff = f"{check.max_diff:.3g} / {check.threshold:.3g}"
-        reason = "" if check is None else (check.message if suite.status != "pass" else "")
-        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff, _one_line(reason)))
-        if verbose:
-            for c in suite.checks:
-                d = f"{c.max_diff:.3g} / {c.threshold:.3g}" if c.max_diff is not None and c.threshold else ""
-                rows.append((f"  {c.name}", STATUS_MARK[c.status], "", d, _one_line(c.message)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [f"maskcheck audit of {title}"]
-    for r in rows:
-        lines.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
-    failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
-    for suite_name, c in failing[:8]:
-        lines.append(f"  {suite_name}/{c.name}: {_one_line(c.message, 200)}")
-        if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
-            lines.append(f"    shrunk case: {c.case}")
-    for suite in result.suites:
-        if suite.reproduction:
-            lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
-    lines.append(f"verdict: {result.status.upper()} in {seconds:.1f}s (exit {result.exit_code})")
-    return "\n".join(lines)
-
-
-def _one_line(text: str, width: int = 110) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(temporary, path)
 
 
 if __name__ == "__main__":  # pragma: no cover

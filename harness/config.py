@@ -1,14 +1,76 @@
-"""``[tool.maskcheck]`` from the nearest pyproject.toml (the command line wins over it)."""
+"""Configuration: ``[tool.maskcheck]`` in the nearest pyproject.toml (the command line wins).
+
+One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*`` keys in
+``[tool.pytest.ini_options]``). Keys:
+
+| key | type | meaning |
+|---|---|---|
+| ``models`` | list of specs | models the pytest plugin audits (``--maskcheck-model``) |
+| ``suites`` | list or comma string | suites to run (default: all) |
+| ``device`` | string | cpu, cuda, cuda:N or auto |
+| ``dtype`` | string | float32, bfloat16 or float16 |
+| ``attn_implementation`` | list or comma string | Hugging Face attention backends |
+| ``task`` | string | causal-lm, masked-lm or seq2seq (``hf:`` specs) |
+| ``profile`` | string | dev, ci or thorough |
+| ``examples`` | int | cases per check (replaces the profile's count) |
+| ``seed`` | int | seed for case generation |
+| ``report`` | path | report directory (report.json, report.md, pictures, bundles) |
+| ``timeout`` | seconds | time limit per suite |
+| ``tolerance`` | tables | ``[tool.maskcheck.tolerance."cpu.float32"]`` overrides |
+| ``known_findings`` | array of tables | accepted findings, see :class:`KnownFinding` |
+
+Every problem is a :class:`ConfigError` with a one-line message naming the file.
+"""
 
 from __future__ import annotations
 
+import datetime
+import fnmatch
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
 class ConfigError(ValueError):
     pass
+
+
+#: key -> the Python type its value must have after normalisation
+KEYS: dict[str, type | tuple[type, ...]] = {
+    "models": list,
+    "suites": list,
+    "device": str,
+    "dtype": str,
+    "attn_implementation": list,
+    "task": str,
+    "profile": str,
+    "examples": int,
+    "seed": int,
+    "report": str,
+    "timeout": (int, float),
+    "tolerance": dict,
+    "known_findings": list,
+}
+LIST_KEYS = ("models", "suites", "attn_implementation")
+
+
+@dataclass(frozen=True)
+class KnownFinding:
+    """A finding a project has accepted: reported as ``warn`` until it expires, then it fails again.
+
+    ``model`` and ``check`` are shell-style patterns (``hf:*``, ``*``) matched against the
+    audited spec and the check name.
+    """
+
+    model: str
+    suite: str
+    check: str
+    reason: str
+    expires: datetime.date
+
+    def matches(self, model: str, suite: str, check: str) -> bool:
+        return fnmatch.fnmatchcase(model, self.model) and suite == self.suite and fnmatch.fnmatchcase(check, self.check)
 
 
 def find_pyproject(start: str | Path | None = None) -> Path | None:
@@ -22,16 +84,49 @@ def find_pyproject(start: str | Path | None = None) -> Path | None:
 
 
 def load_config(start: str | Path | None = None) -> dict[str, Any]:
-    """The ``[tool.maskcheck]`` table, or ``{}``. A malformed file is a one-line error."""
+    """The validated ``[tool.maskcheck]`` table, or ``{}``; lists given as comma strings are split."""
     path = find_pyproject(start)
     if path is None:
         return {}
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read [tool.maskcheck] ({exc})") from None
-    config = data.get("tool", {}).get("maskcheck", {})
+    table = data.get("tool", {}).get("maskcheck", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.maskcheck] must be a table")
+    return normalise(table, str(path))
+
+
+def normalise(table: dict[str, Any], where: str) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r} in [tool.maskcheck]; known: {', '.join(KEYS)}")
+        if key in LIST_KEYS and isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, KEYS[key]) or isinstance(value, bool):
+            raise ConfigError(f"{where}: [tool.maskcheck] {key} has the wrong type ({type(value).__name__})")
+        config[key] = value
     tolerance = config.get("tolerance", {})
-    if not isinstance(tolerance, dict) or not all(isinstance(v, dict) for v in tolerance.values()):
-        raise ConfigError(f'{path}: [tool.maskcheck.tolerance] must hold tables such as ["cpu.float32"]')
+    if not all(isinstance(v, dict) for v in tolerance.values()):
+        raise ConfigError(f'{where}: [tool.maskcheck.tolerance] must hold tables such as ["cpu.float32"]')
+    config["known_findings"] = [known_finding(entry, where) for entry in config.get("known_findings", [])]
     return config
+
+
+def known_finding(entry: Any, where: str) -> KnownFinding:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: each known_findings entry must be a table")
+    missing = [k for k in ("model", "suite", "check", "reason", "expires") if k not in entry]
+    if missing:
+        raise ConfigError(f"{where}: a known_findings entry lacks {', '.join(missing)}")
+    expires = entry["expires"]
+    if isinstance(expires, str):
+        try:
+            expires = datetime.date.fromisoformat(expires)
+        except ValueError:
+            raise ConfigError(f"{where}: known_findings expires {expires!r} is not a date (YYYY-MM-DD)") from None
+    if not isinstance(expires, datetime.date):
+        raise ConfigError(f"{where}: known_findings expires must be a date (YYYY-MM-DD)")
+    return KnownFinding(str(entry["model"]), str(entry["suite"]), str(entry["check"]), str(entry["reason"]), expires)

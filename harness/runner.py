@@ -10,11 +10,13 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .adapters.base import Adapter, AdapterError
+from .config import KnownFinding
+from .findings import apply_known_findings
 from .profiles import check_profile, examples_of
 from .registry import UnknownSuiteError, load_suite, suite_names
 from .reproduction import FailedCheck, write_bundle
@@ -25,7 +27,9 @@ from .verdict import FAILING, CheckResult, SuiteResult, worst
 
 SCHEMA_VERSION = 1
 
-ProgressCallback = Callable[[str, str, SuiteResult | None], None]
+#: called as progress("start", suite name, result so far) before each suite and
+#: progress("done", suite name, result so far) after it
+ProgressCallback = Callable[[str, str, "AuditResult"], None]
 
 
 def maskcheck_version() -> str:
@@ -44,14 +48,15 @@ class AuditResult:
     suites: list[SuiteResult] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     adapter: dict[str, Any] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)  # suites not run yet (an interrupted audit keeps them)
 
     @property
     def status(self) -> str:
-        return worst([s.status for s in self.suites])
+        return worst([s.status for s in self.suites] + (["not_run"] if self.pending else []))
 
     @property
     def exit_code(self) -> int:
-        statuses = [s.status for s in self.suites]
+        statuses = [s.status for s in self.suites] + (["not_run"] if self.pending else [])
         if any(s in FAILING for s in statuses):
             return 1
         if all(s == "not_applicable" for s in statuses):
@@ -70,6 +75,8 @@ class AuditResult:
             "model": self.model,
             "maskcheck_version": maskcheck_version(),
             "environment": self.environment,
+            "complete": not self.pending,
+            "not_run": list(self.pending),
             "suites": [s.to_dict() for s in self.suites],
             "probes": self.probes,
         }
@@ -107,6 +114,8 @@ def audit(
     tolerance_overrides: dict[str, dict[str, float]] | None = None,
     report_dir: str | Path | None = None,
     bundle_dir: str | Path | None = None,
+    timeout: float | None = None,
+    known_findings: Sequence[KnownFinding] = (),
     progress: ProgressCallback | None = None,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
@@ -114,6 +123,8 @@ def audit(
     ``report_dir`` receives the pictures of failing mask suites and, like ``bundle_dir``
     (which defaults to it), one reproduction bundle per failing suite (``repro-<suite>/``).
     ``profile`` is one of harness.profiles.PROFILES; ``examples`` replaces its case count.
+    ``timeout`` limits each suite (seconds): checks it cuts short are ``not_run``.
+    ``known_findings`` turn matching failures into ``warn`` until they expire.
 
     Raises :class:`harness.specs.SpecError` when the model cannot be loaded and
     :class:`harness.registry.UnknownSuiteError` for an unknown suite name.
@@ -131,14 +142,17 @@ def audit(
         report_dir=Path(report_dir) if report_dir is not None else None,
         bundle_dir=Path(bundle_dir) if bundle_dir is not None else (Path(report_dir) if report_dir is not None else None),
     )
-    result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe())
+    result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded])
     for name, suite in loaded:
         if progress:
-            progress("start", name, None)
-        suite_result = run_suite(suite, adapter, context)
+            progress("start", name, result)
+        suite_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout)
+        suite_result = run_suite(suite, adapter, suite_context)
+        apply_known_findings(adapter.spec, [suite_result], known_findings)
         result.suites.append(suite_result)
+        result.pending.remove(name)
         if progress:
-            progress("done", name, suite_result)
+            progress("done", name, result)
     return result
 
 
@@ -158,8 +172,10 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
-            continue
-        result.checks.append(_run_one(check, context, result, failures))
+        elif context.deadline is not None and time.monotonic() > context.deadline:
+            result.checks.append(CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check"))
+        else:
+            result.checks.append(_run_one(check, context, result, failures))
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
     if result.status == "fail" and context.report_dir is not None and hasattr(suite, "effective_mask"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -35,6 +36,7 @@ class RunContext:
     bundle_dir: Path | None = None  # reproduction bundles of failing suites
     shrink: bool = True
     profile: str = "dev"
+    deadline: float | None = None  # time.monotonic() after which no new case starts
 
 
 @dataclass
@@ -63,6 +65,10 @@ class Check:
     strategy: st.SearchStrategy[Any]
     # The most examples worth drawing; a check with a small case space says so.
     max_examples: int | None = None
+
+
+class TimeLimitReached(Exception):
+    pass
 
 
 class CaseFailed(Exception):
@@ -100,6 +106,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
 
     def prop(case: Any) -> None:
         nonlocal evaluated
+        if context.deadline is not None and time.monotonic() > context.deadline:
+            raise TimeLimitReached
         outcome = check.evaluate(case)
         evaluated += 1
         key = (SEVERITY[outcome.status], outcome.ratio)
@@ -126,6 +134,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
         return result, evaluated, failure
     except AdapterError as exc:
         return CheckResult(check.name, "error", str(exc)), evaluated, None
+    except TimeLimitReached:
+        return CheckResult(check.name, "not_run", f"the suite's time limit (--timeout) was reached after {evaluated} case(s)"), evaluated, None
     if not worst_seen:
         return CheckResult(check.name, "not_run", "no case was evaluated"), evaluated, None
     o: Outcome = worst_seen["outcome"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -28,7 +29,11 @@ class CheckResult:
     case: dict[str, Any] | None = None  # the (shrunk) case that showed it
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for key in ("max_diff", "floor", "threshold"):
+            if data[key] is not None and not math.isfinite(data[key]):
+                data[key] = None  # JSON has no inf; the message says NaN/inf
+        return data
 
 
 @dataclass

@@ -1,0 +1,116 @@
+"""Reports a person reads: the verdict table of the CLI and the Markdown report of ``--report``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .verdict import SEVERITY, worst
+
+STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+
+def one_line(text: str, width: int = 110) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def diff_text(check: Any) -> str:
+    if check is None or check.max_diff is None or not check.threshold:
+        return ""
+    return f"{check.max_diff:.3g} / {check.threshold:.3g}"
+
+
+def render_table(result: Any, title: str, seconds: float, verbose: bool = False) -> str:
+    """The verdict table: suite, status, cases, worst diff vs threshold, one-line reason."""
+    rows = [("suite", "status", "cases", "worst diff / threshold", "reason")]
+    for suite in result.suites:
+        check = suite.worst_check()
+        reason = "" if check is None else (check.message if suite.status != "pass" else "")
+        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff_text(check), one_line(reason)))
+        if verbose:
+            for c in suite.checks:
+                rows.append((f"  {c.name}", STATUS_MARK[c.status], "", diff_text(c), one_line(c.message)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"maskcheck audit of {title}"]
+    for r in rows:
+        lines.append(("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4]).rstrip())
+    failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
+    for suite_name, c in failing[:8]:
+        lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, 200)}")
+        if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
+            lines.append(f"    shrunk case: {c.case}")
+    for suite in result.suites:
+        if suite.reproduction:
+            lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
+    lines.append(f"verdict: {STATUS_MARK[result.status]} in {seconds:.1f}s (exit {result.exit_code})")
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """``report.md`` from a JSON report: environment, the verdict table, then every check
+    that did not pass (with measured, floor and threshold), pictures and reproductions."""
+    status = worst([s["status"] for s in report["suites"]] + ([] if report.get("complete", True) else ["not_run"]))
+    lines = [
+        f"# maskcheck audit of `{report['model']}`",
+        "",
+        f"**Verdict: {STATUS_MARK[status]}**" + ("" if report.get("complete", True) else f" (did not run: {', '.join(report.get('not_run', []))})"),
+        "",
+        "| environment | |",
+        "|---|---|",
+        *[f"| {key} | {value} |" for key, value in report["environment"].items()],
+        "",
+        "| suite | status | cases | worst diff / threshold | reason |",
+        "|---|---|---|---|---|",
+    ]
+    details = []
+    for suite in report["suites"]:
+        checks = [_Check(c) for c in suite["checks"]]
+        check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
+        reason = "" if check is None or suite["status"] == "pass" else one_line(check.message, 160)
+        lines.append(f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(check)} | {reason.replace('|', chr(92) + '|')} |")
+        details += [(suite, c) for c in checks if c.status not in ("pass", "not_applicable")]
+    if details:
+        lines += ["", "## Checks that did not pass", ""]
+    for suite, check in details:
+        lines += [f"### {suite['name']} / {check.name}: {STATUS_MARK[check.status]}", "", check.message, ""]
+        if check.max_diff is not None and check.threshold:
+            lines += [f"- measured {check.max_diff:.3g}, noise floor {check.floor or 0:.3g}, threshold {check.threshold:.3g}"]
+        if check.positions:
+            lines += [f"- positions [row, position]: {check.positions[:16]}"]
+        if check.case:
+            lines += [f"- case: `{check.case}`"]
+        lines.append("")
+    for suite in report["suites"]:
+        if suite.get("picture"):
+            lines += [f"![{suite['name']} effective mask]({os.path.basename(suite['picture'])})", ""]
+        if suite.get("reproduction"):
+            lines += [f"Reproduce `{suite['name']}`: `pytest {suite['reproduction']}` or `maskcheck replay {suite['reproduction']}`", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+class _Check:
+    """A check of a JSON report, read by attribute like a CheckResult."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.__dict__.update(data)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and a rename: a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    write_atomically(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema every report validates against (shipped as package data)."""
+    return json.loads(SCHEMA_FILE.read_text())

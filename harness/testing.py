@@ -1,0 +1,183 @@
+"""maskcheck inside pytest: model entries, the per-session adapter cache, and the test helper.
+
+Imports torch only when a test runs. A test author generates the suite tests for their
+own model in one line::
+
+    from harness.testing import maskcheck_tests
+
+    test_my_model = maskcheck_tests(build_my_model, suites=["causal", "padding", "kv_cache"])
+
+which yields one test per suite (``test_my_model[causal]`` ...), each building the model
+once per session, skipping the suites that do not apply, warning on ``warn`` and failing
+with the verdict and the reproduction bundle's path.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+
+
+class MaskcheckWarning(UserWarning):
+    """A check that warned: a real behaviour to know that is not a leak."""
+
+
+class MaskcheckFailure(Exception):
+    """A suite that failed, errored or did not run; the message is its verdict."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model the plugin audits: ``name`` goes into test ids, ``load`` is a spec or a factory."""
+
+    name: str
+    load: str | Callable[[], Any] = field(compare=False)
+
+    @classmethod
+    def of(cls, value: "ModelEntry | str") -> "ModelEntry":
+        if isinstance(value, ModelEntry):
+            return value
+        if isinstance(value, str):
+            return cls(value, value)
+        raise TypeError(f"a maskcheck model is a spec string or a ModelEntry, got {type(value).__name__}")
+
+    @property
+    def slug(self) -> str:
+        """A file-system-safe name for this model's report directory."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name).strip("_") or "model"
+
+
+@dataclass
+class RunOptions:
+    profile: str = "ci"
+    device: str = "cpu"
+    dtype: str | None = None
+    examples: int | None = None
+    seed: int = 0
+    report_dir: Path | None = None
+    timeout: float | None = None
+    known_findings: Sequence[Any] = ()
+    tolerance: dict[str, Any] | None = None
+
+
+class AdapterCache:
+    """One adapter per model per session: building a model is the expensive part."""
+
+    def __init__(self) -> None:
+        self._adapters: dict[ModelEntry, Any] = {}
+        self._errors: dict[ModelEntry, str] = {}
+
+    def get(self, entry: ModelEntry, options: RunOptions) -> Any:
+        if entry in self._errors:
+            raise MaskcheckFailure(self._errors[entry])
+        if entry not in self._adapters:
+            try:
+                self._adapters[entry] = load(entry, options)
+            except Exception as exc:
+                self._errors[entry] = f"cannot load {entry.name}: {exc}"
+                raise MaskcheckFailure(self._errors[entry]) from None
+        return self._adapters[entry]
+
+
+def load(entry: ModelEntry, options: RunOptions) -> Any:
+    from .specs import LoadOptions, adapter_for, load_adapter
+
+    if isinstance(entry.load, str):
+        return load_adapter(entry.load, LoadOptions(device=options.device, dtype=options.dtype))
+    model = entry.load()
+    adapter = adapter_for(model, entry.name)
+    adapter.spec = entry.name if adapter.spec.startswith("<") else adapter.spec
+    return adapter
+
+
+def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model") -> Any:
+    """Audit one suite; skip, warn or fail the calling test as its verdict says. Returns the AuditResult."""
+    from .report import write_json
+    from .runner import audit
+    from .verdict import FAILING
+
+    report_dir = options.report_dir / slug if options.report_dir is not None else None
+    result = audit(
+        adapter,
+        [suite],
+        profile=options.profile,
+        examples=options.examples,
+        seed=options.seed,
+        timeout=options.timeout,
+        known_findings=options.known_findings,
+        tolerance_overrides=options.tolerance,
+        report_dir=report_dir,
+        bundle_dir=report_dir or Path("maskcheck-report") / slug,
+    )
+    suite_result = result.suites[0]
+    if report_dir is not None:
+        # One file per test: pytest-xdist workers never write the same file; the controller merges them.
+        write_json(report_dir / "results" / f"{suite}.json", result.to_dict())
+    if item is not None:
+        for check in suite_result.checks:
+            for key in ("max_diff", "floor", "threshold"):
+                value = getattr(check, key)
+                if value is not None:
+                    item.user_properties.append((f"{check.name}.{key}", value))
+            item.user_properties.append((f"{check.name}.status", check.status))
+    if suite_result.status == "not_applicable":
+        pytest.skip(suite_result.checks[0].message if suite_result.checks else "not applicable")
+    if suite_result.status in FAILING:
+        raise MaskcheckFailure(verdict_text(result))
+    for check in suite_result.checks:
+        if check.status == "warn":
+            warnings.warn(MaskcheckWarning(f"{adapter.spec} {suite}/{check.name}: {check.message}"), stacklevel=2)
+    return result
+
+
+def verdict_text(result: Any) -> str:
+    from .report import STATUS_MARK
+
+    suite = result.suites[0]
+    lines = [f"maskcheck {suite.name} on {result.model}: {STATUS_MARK[suite.status]}"]
+    for check in suite.checks:
+        if check.status not in ("pass", "not_applicable"):
+            lines.append(f"  {check.name}: {STATUS_MARK[check.status]}: {check.message}")
+            if check.case and set(check.case) - {"seed"}:
+                lines.append(f"    shrunk case: {check.case}")
+    if suite.reproduction:
+        lines.append(f"  reproduction: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
+    return "\n".join(lines)
+
+
+_SESSION_CACHE = AdapterCache()
+
+
+def maskcheck_tests(
+    model: str | Callable[[], Any],
+    suites: Sequence[str] | None = None,
+    *,
+    name: str | None = None,
+    **options: Any,
+) -> Callable[..., None]:
+    """A test function parametrized over ``suites`` (default: every registered suite) for one model.
+
+    ``model`` is a spec or a factory (called once per session, when the first test runs).
+    ``options`` are :class:`RunOptions` fields (profile, device, dtype, examples, seed, report_dir, timeout).
+    """
+    from .registry import suite_names
+
+    entry = ModelEntry(name or (model if isinstance(model, str) else getattr(model, "__qualname__", "model")), model)
+    run = RunOptions(**options)
+
+    @pytest.mark.maskcheck
+    @pytest.mark.parametrize("maskcheck_suite", list(suites) if suites else suite_names())
+    def test(maskcheck_suite: str, request: pytest.FixtureRequest) -> None:
+        __tracebackhide__ = True
+        adapter = _SESSION_CACHE.get(entry, run)
+        try:
+            run_suite_test(adapter, maskcheck_suite, run, request.node, entry.slug)
+        except MaskcheckFailure as failure:
+            pytest.fail(str(failure), pytrace=False)
+
+    return test

@@ -1,0 +1,147 @@
+"""The audit CLI: configuration, reports, schema, known findings, time limits, help."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from harness import audit
+from harness.cli import build_parser, main
+from harness.report import report_schema
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "spec,suites",
+    [
+        ("ref:tiny-decoder", None),
+        ("mutant:padding_mask_ignored", ["padding", "kv_cache"]),
+        ("ref:tiny-encoder-decoder", ["cross_attention", "packing", "norm_checkpoint"]),
+    ],
+)
+def test_every_report_validates_against_the_shipped_schema(spec: str, suites: list[str] | None, tmp_path: Path) -> None:
+    report = audit(spec, suites, bundle_dir=tmp_path).to_dict()
+    jsonschema.validate(report, report_schema())
+
+
+def test_error_and_nan_reports_validate_too() -> None:
+    import torch
+
+    from harness.adapters.base import Capabilities
+    from harness.adapters.module import ModuleAdapter
+
+    def nan_model(ids, mask):  # type: ignore[no-untyped-def]
+        return torch.full((*ids.shape, 8), float("nan"))
+
+    def raising(ids, mask):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    for forward in (nan_model, raising):
+        report = audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding"]).to_dict()
+        jsonschema.validate(report, report_schema())
+        json.dumps(report, allow_nan=False)  # strict JSON: raises on NaN or Infinity
+
+
+def test_defaults_come_from_tool_maskcheck(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (project / "pyproject.toml").write_text(
+        '[tool.maskcheck]\nsuites = "causal,padding"\nprofile = "ci"\nseed = 3\nreport = "out"\n'
+    )
+    assert main(["audit", "ref:tiny-decoder", "-q"]) == 0
+    report = json.loads((project / "out" / "report.json").read_text())
+    assert [s["name"] for s in report["suites"]] == ["causal", "padding"]
+    assert report["environment"]["profile"] == "ci" and report["environment"]["seed"] == 3
+    assert (project / "out" / "report.md").read_text().startswith("# maskcheck audit of `ref:tiny-decoder`")
+    # The command line wins over the file.
+    assert main(["audit", "ref:tiny-decoder", "-q", "--suites", "causal", "--seed", "4", "--report", "cli"]) == 0
+    report = json.loads((project / "cli" / "report.json").read_text())
+    assert [s["name"] for s in report["suites"]] == ["causal"] and report["environment"]["seed"] == 4
+
+
+def test_malformed_configuration_is_one_line(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (project / "pyproject.toml").write_text("[tool.maskcheck]\nsuites = 3\n")
+    assert main(["audit", "ref:tiny-decoder"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "suites has the wrong type" in err
+    (project / "pyproject.toml").write_text("[tool.maskcheck]\nspeed = 3\n")
+    assert main(["audit", "ref:tiny-decoder"]) == 2
+    assert "unknown key 'speed'" in capsys.readouterr().err
+
+
+def test_known_findings_warn_until_they_expire(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    finding = '[[tool.maskcheck.known_findings]]\nmodel = "mutant:padding_*"\nsuite = "padding"\ncheck = "*"\nreason = "tracked upstream"\nexpires = {date}\n'
+    (project / "pyproject.toml").write_text("[tool.maskcheck]\n" + finding.format(date="2999-01-01"))
+    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding", "-q", "--json", "r.json"]) == 0
+    checks = json.loads((project / "r.json").read_text())["suites"][0]["checks"]
+    assert all(c["status"] == "warn" for c in checks if c["name"] != "positions_from_mask")
+    assert checks[0]["message"].startswith("accepted finding until 2999-01-01 (tracked upstream): changing the ids")
+    (project / "pyproject.toml").write_text("[tool.maskcheck]\n" + finding.format(date="2001-01-01"))
+    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding", "-q", "--json", "r.json"]) == 1
+    checks = json.loads((project / "r.json").read_text())["suites"][0]["checks"]
+    assert checks[0]["status"] == "fail" and "expired on 2001-01-01" in checks[0]["message"]
+
+
+def test_time_limit_marks_unfinished_checks_not_run(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["audit", "ref:tiny-decoder", "--suites", "padding", "--timeout", "0", "-q", "--json", "r.json"]) == 1
+    report = json.loads((project / "r.json").read_text())
+    assert report["suites"][0]["status"] == "not_run"
+    assert "time limit (--timeout)" in report["suites"][0]["checks"][0]["message"]
+    assert "NOT RUN" in capsys.readouterr().out
+
+
+def test_json_report_is_written_after_every_suite(project: Path) -> None:
+    """The progress hook leaves a valid, incomplete report on disk while the audit runs."""
+    from harness.report import write_json
+
+    seen = []
+
+    def progress(event, suite, result):  # type: ignore[no-untyped-def]
+        write_json(project / "partial.json", result.to_dict())
+        seen.append(json.loads((project / "partial.json").read_text()))
+
+    audit("ref:tiny-decoder", ["causal", "padding"], progress=progress)
+    assert [r["complete"] for r in seen] == [False, False, False, True]
+    assert seen[1]["not_run"] == ["padding"] and [s["name"] for s in seen[1]["suites"]] == ["causal"]
+    jsonschema.validate(seen[1], report_schema())
+
+
+def test_help_of_every_subcommand_is_complete(capsys) -> None:  # type: ignore[no-untyped-def]
+    parser = build_parser()
+    for command in ("audit", "list", "replay", "effective-mask"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: maskcheck {command}")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["audit", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--suites", "--device", "--dtype", "--attn-implementation", "--task", "--examples", "--seed", "--profile",
+                 "--json", "--report", "--override", "--timeout", "--trust-remote-code", "-q", "-v", "Exit codes"):
+        assert flag in text
+
+
+def test_list_shows_every_suite_and_seeded_bug(capsys) -> None:  # type: ignore[no-untyped-def]
+    from reference_models.mutants import MUTANTS
+
+    from harness.registry import suite_names
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in suite_names()) and all(name in out for name in MUTANTS)
+
+
+def test_module_factory_from_the_current_directory(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (project / "my_models.py").write_text(
+        "def hf():\n    from reference_models.hf_tiny import tiny_model\n    return tiny_model('llama')\n\n"
+        "def adapter():\n    from harness.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
+    )
+    assert main(["audit", "module:my_models:hf", "--suites", "causal", "-q"]) == 0
+    assert main(["audit", "module:my_models:adapter", "--suites", "causal", "-q"]) == 0
+    assert "module:my_models:adapter" in capsys.readouterr().out
