@@ -1,0 +1,15 @@
+"""Supplying a model through the plugin's hook (for models that are not importable factories)."""
+
+from harness.testing import ModelEntry
+
+
+def pytest_maskcheck_models(config):
+    def sliding_window_decoder():
+        import torch
+
+        from reference_models import PRESETS, Transformer
+
+        torch.manual_seed(0)
+        return Transformer(PRESETS["tiny-decoder-sliding"])
+
+    return [ModelEntry("sliding-decoder", sliding_window_decoder)]
