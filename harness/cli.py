@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field, forcing another layout (repeatable)")
     audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
+    audit.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load .bin/.pt weights when there are no safetensors, with torch.load(weights_only=True) (off by default: unpickling can run code)",
+    )
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
 
@@ -187,6 +192,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 attn_implementation=implementation,
                 overrides=_overrides(args.override),
                 trust_remote_code=args.trust_remote_code,
+                allow_pickle=args.allow_pickle,
             )
             result = audit(
                 args.spec,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .adapters.base import Adapter, AdapterError
+from .adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
 from .config import KnownFinding
 from .findings import apply_known_findings
 from .profiles import check_profile, examples_of
@@ -225,7 +225,7 @@ def _describe(exc: BaseException) -> str:
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError):
-        return "out of memory: lower the batch size or sequence length (--examples, or a smaller profile)"
+        return OUT_OF_MEMORY
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEMES = ("ref", "mutant", "hf", "module")
@@ -36,6 +37,7 @@ class LoadOptions:
     attn_implementation: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     trust_remote_code: bool = False
+    allow_pickle: bool = False  # load .bin/.pt weights with torch.load(weights_only=True)
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
         config = override_config(PRESETS[target], options.overrides) if options.overrides else PRESETS[target]
         torch.manual_seed(0)  # a preset is a fixed random-init model, the same in every process
         return adapter_for(Transformer(config), f"ref:{target}", device=device, dtype=dtype)
+    if Path(target).suffix in PICKLE_SUFFIXES:
+        return adapter_for(_reference_pickle(target, options), f"ref:{target}", device=device, dtype=dtype)
     try:
         saved = read_config(target)
         config = override_config(saved, options.overrides) if options.overrides else saved
@@ -167,6 +171,40 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
     adapter = adapter_for(model, f"ref:{target}", device=device, dtype=dtype)
     adapter.checkpoint = record
     return adapter
+
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _reference_pickle(target: str, options: LoadOptions) -> Any:
+    """A reference model from a torch.save'd ``{"config": {...}, "state_dict": {...}}``, only with --allow-pickle."""
+    import pickle
+
+    import torch
+
+    from reference_models import ModelConfig, Transformer
+
+    if not options.allow_pickle:
+        raise SpecError(
+            f"{target} is a pickle checkpoint: unpickling can run code, so it is refused; pass --allow-pickle to load it "
+            "with torch.load(weights_only=True), which restores tensors only (or convert it to safetensors)"
+        )
+    if not Path(target).is_file():
+        raise SpecError(f"no checkpoint file at {target}")
+    try:
+        data = torch.load(target, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        raise SpecError(f"{target}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or not isinstance(data.get("state_dict"), dict):
+        raise SpecError(f"{target} is not a reference checkpoint (expected a dict with 'config' and 'state_dict')")
+    try:
+        config = ModelConfig.from_dict(data["config"])
+        config = override_config(config, options.overrides) if options.overrides else config
+        model = Transformer(config)
+        model.load_state_dict(data["state_dict"])
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise SpecError(f"{target}: {str(exc).splitlines()[0]}") from None
+    return model.eval()
 
 
 def override_config(config: Any, overrides: dict[str, Any]) -> Any:
@@ -218,6 +256,7 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
             device=device,
             attn_implementation=options.attn_implementation,
             trust_remote_code=options.trust_remote_code,
+            allow_pickle=options.allow_pickle,
         )
     except HFLoadError as exc:
         raise SpecError(str(exc)) from None
@@ -226,6 +265,8 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
 
 def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
     module_name, factory_name = target.split(":")
+    if not all(part.isidentifier() for part in module_name.split(".")) or not factory_name.isidentifier():
+        raise SpecError(f"module spec 'module:{target}' must look like module:package.module:factory (Python names)")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a factory in the current directory works without installing
     try:

@@ -107,6 +107,20 @@ class Batch:
         return self.attention_mask if self.decoder_input_ids is None else self.decoder_attention_mask
 
 
+OUT_OF_MEMORY = "out of memory: lower the batch size or sequence length (--examples, the dev profile, or --dtype bfloat16)"
+
+
+def call_model(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the model; anything it raises becomes an :class:`AdapterError` with a one-line message."""
+    try:
+        return function(*args, **kwargs)
+    except torch.OutOfMemoryError as exc:
+        raise AdapterError(OUT_OF_MEMORY) from exc
+    except Exception as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        raise AdapterError(f"the model raised {type(exc).__name__}: {first_line}") from exc
+
+
 def check_logits(logits: Any, batch: int, length: int, vocab_size: int, what: str = "logits") -> Tensor:
     """Raise :class:`AdapterError` unless ``logits`` is a ``[B, T, V]`` tensor."""
     if not isinstance(logits, Tensor):

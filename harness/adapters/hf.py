@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Adapter, AdapterError, Batch, Capabilities, PackingSetting, positions_from_mask
+from .base import Adapter, AdapterError, Batch, Capabilities, PackingSetting, call_model, positions_from_mask
 
 Task = Literal["causal-lm", "masked-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
@@ -72,8 +72,13 @@ def load_hf_directory(
     device: str | None = None,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> Any:
-    """Build a model from a local directory of config.json + safetensors (sharded or not)."""
+    """Build a model from a local directory of config.json + safetensors (sharded or not).
+
+    With ``allow_pickle`` and no safetensors, ``*.bin``/``*.pt`` weights are read with
+    ``torch.load(weights_only=True)`` by maskcheck itself (not left to the library's default).
+    """
     import transformers
 
     path = Path(directory)
@@ -83,10 +88,15 @@ def load_hf_directory(
         raise HFLoadError(f"{path} is not a directory (hf: expects a directory with config.json and safetensors)")
     if not (path / "config.json").is_file():
         raise HFLoadError(f"{path} has no config.json")
-    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
-        pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
-        hint = f" (found pickle weights {pickles}: they can run code when loaded and are refused)" if pickles else ""
-        raise HFLoadError(f"{path} has no safetensors weights{hint}")
+    pickles = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
+    has_safetensors = bool(list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file())
+    if not has_safetensors and not pickles:
+        raise HFLoadError(f"{path} has no safetensors weights")
+    if not has_safetensors and not allow_pickle:
+        raise HFLoadError(
+            f"{path} has only pickle weights ({', '.join(p.name for p in pickles)}): unpickling can run code, so they are "
+            "refused; pass --allow-pickle to load them with torch.load(weights_only=True), which restores tensors only"
+        )
     try:
         raw = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -103,20 +113,48 @@ def load_hf_directory(
     chosen: Task = task if task is not None else infer_task(config)  # type: ignore[assignment]
     if chosen not in TASKS:
         raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
-    kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = dtype
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if not has_safetensors:
+        model = _from_pickles(_auto_class(chosen), config, pickles, kwargs)
+        return model.to(device) if device is not None else model
     try:
-        model = _auto_class(chosen).from_pretrained(str(path), **kwargs)
+        model = _auto_class(chosen).from_pretrained(str(path), use_safetensors=True, **kwargs)
     except ValueError as exc:
         raise HFLoadError(f"{path}: cannot build a {chosen} model ({str(exc).splitlines()[0]})") from None
-    except OSError as exc:
-        raise HFLoadError(f"{path}: cannot read the weights ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # OSError, or the safetensors reader's own error for a truncated file
+        raise HFLoadError(f"{path}: cannot read the weights ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if device is not None:
         model = model.to(device)
     return model
+
+
+def _from_pickles(auto_class: Any, config: Any, files: list[Path], kwargs: dict[str, Any]) -> Any:
+    """A model from its config, its weights read with ``torch.load(weights_only=True)``."""
+    import pickle
+
+    state: dict[str, Any] = {}
+    for file in files:
+        try:
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+            raise HFLoadError(f"{file}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
+        if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
+            raise HFLoadError(f"{file} is not a state dict of tensors")
+        state.update(loaded)
+    kwargs = {k: v for k, v in kwargs.items() if k != "trust_remote_code"}
+    model = auto_class.from_config(config, **kwargs)
+    missing, _ = model.load_state_dict(state, strict=False)
+    # A tied parameter (lm_head = embeddings) is filled through its twin.
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(parameters[name]) for name in state if name in parameters}
+    missing = [name for name in missing if id(parameters.get(name)) not in loaded]
+    if missing:
+        raise HFLoadError(f"the pickle weights lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return model.eval()
 
 
 def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
@@ -221,12 +259,7 @@ class HFAdapter(Adapter):
         return inputs
 
     def _call(self, **inputs: Any) -> Any:
-        try:
-            return self.model(**inputs)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            raise AdapterError(f"the model raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        return call_model(self.model, **inputs)
 
     def _logits(self, batch: Batch) -> Tensor:
         return self._call(**self._inputs(batch)).logits

@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor
 
-from .base import Adapter, AdapterError, Batch, Capabilities
+from .base import Adapter, Batch, Capabilities, call_model
 
 MaskConvention = Literal["keep", "ignore"]
 
@@ -45,10 +45,7 @@ class ModuleAdapter(Adapter):
         if self.capabilities.takes_attention_mask:
             mask = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)
             args.append(mask.bool() if self.mask_convention == "keep" else ~mask.bool())
-        try:
-            out = self.model(*args)
-        except Exception as exc:
-            raise AdapterError(f"the model raised {type(exc).__name__}: {exc}") from exc
+        out = call_model(self.model, *args)
         if hasattr(out, "logits"):
             out = out.logits
         elif isinstance(out, (tuple, list)) and out:
