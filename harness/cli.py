@@ -62,6 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list suites, reference presets and seeded bugs", description="List suites, reference presets and seeded bugs.")
 
+    probe = sub.add_parser(
+        "probe",
+        help="long-context probes: needle retrieval, lost in the middle",
+        description="Measure what a model retrieves from long context. Probes measure; with --min-accuracy they also "
+        "exit 1 when accuracy falls below it. Reference models: ref:kv-retrieval (shipped) or a checkpoint trained on "
+        "the synthetic retrieval task; Hugging Face directories need their tokenizer files.",
+    )
+    probe.add_argument("name", choices=["needle", "lost-in-the-middle"], help="which probe")
+    probe.add_argument("spec", help="the model spec")
+    probe.add_argument("--lengths", help="needle: comma-separated context lengths in tokens (default: doubling from 32 to the model's maximum)")
+    probe.add_argument("--depths", default="11", help="needle: comma-separated depths in [0, 1], or a count of evenly spaced ones (default: 11)")
+    probe.add_argument("--length", type=int, help="lost-in-the-middle: context length (default: the trained length, else min(max, 512))")
+    probe.add_argument("--items", type=int, default=6, help="lost-in-the-middle: number of key-value items (default: 6)")
+    probe.add_argument("--samples", type=int, help="prompts per cell (default: needle 4, lost-in-the-middle 8)")
+    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument("--threshold", type=float, default=0.9, help="accuracy that counts for effective length and reach (default: 0.9)")
+    probe.add_argument("--min-accuracy", type=float, help="exit 1 if the overall accuracy is below this")
+    probe.add_argument("--text", help="a text file to build haystacks from (models with a tokenizer; default: seeded pseudo-prose)")
+    probe.add_argument("--report", dest="report_dir", default="maskcheck-report", help="where the JSON grid and the PNG go (default: maskcheck-report)")
+    probe.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: run the weights under another mask, e.g. sliding_window=8, attention_sinks=4")
+    probe.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    probe.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+
     replay = sub.add_parser(
         "replay",
         help="replay a reproduction bundle",
@@ -100,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_effective_mask(args)
         if args.command == "replay":
             return cmd_replay(args)
+        if args.command == "probe":
+            return cmd_probe(args)
         return cmd_audit(args)
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
@@ -107,10 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_list() -> int:
-    from reference_models import PRESETS
+    from reference_models import PRESETS, SHIPPED
     from reference_models.mutants import MUTANTS
 
-    from .registry import load_suite, suite_names
+    from .registry import load_suite, probe_names, suite_names
 
     print("Suites:")
     for name in suite_names():
@@ -118,6 +143,12 @@ def cmd_list() -> int:
     print("\nReference presets (ref:NAME):")
     for name, config in PRESETS.items():
         print(f"  {name:<32} {config.family}, {config.norm_layout}-norm {config.norm}, {config.position} positions")
+    print("\nShipped checkpoints (ref:NAME):")
+    for name, path in SHIPPED.items():
+        print(f"  {name:<32} {path.name}")
+    print("\nProbes (maskcheck probe NAME SPEC):")
+    for name in probe_names():
+        print(f"  {name}")
     print("\nSeeded bugs (mutant:NAME), with the suite and check that must catch them:")
     for name, mutant in MUTANTS.items():
         print(f"  {name:<34} {mutant.suite}/{mutant.check}: {mutant.description.splitlines()[0]}")
@@ -251,6 +282,75 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
     path = draw_effective_mask(influence, expected, args.out, f"{adapter.spec}: {args.suite}")
     print(f"{path}: {leaks} leaking cell(s) of {expected.numel()}")
     return 1 if leaks else 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .registry import load_probe
+    from .specs import LoadOptions, SpecError, load_adapter
+    from .suite import ProbeError
+
+    _quiet_transformers()
+    try:
+        adapter = load_adapter(args.spec, LoadOptions(device=args.device, dtype=args.dtype, overrides=_overrides(args.override)))
+        text = Path(args.text).read_text() if args.text else None
+        run, draw = load_probe(args.name)
+        kwargs: dict[str, Any] = {"seed": args.seed, "text": text, "progress": _probe_progress(args.name)}
+        if args.samples:
+            kwargs["samples"] = args.samples
+        if args.name == "needle":
+            kwargs.update(threshold=args.threshold, depths=_depths(args.depths))
+            if args.lengths:
+                kwargs["lengths"] = [int(x) for x in _split(args.lengths)]
+        else:
+            kwargs.update(length=args.length, items=args.items)
+        result = run(adapter, **kwargs)
+        if args.override:
+            result.model += f" with {', '.join(args.override)}"  # a control: the same weights under another mask
+    except (SpecError, ProbeError, OSError, ValueError) as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
+    result.write(args.report_dir, draw)
+    print(render_probe(result))
+    print(f"grid: {result.grid_path}\npicture: {result.picture}")
+    if args.min_accuracy is not None and result.summary.get("accuracy", min(result.summary.get("accuracy_by_slot", [1.0]))) < args.min_accuracy:
+        return 1
+    return 0
+
+
+def _depths(text: str) -> list[float]:
+    if "," not in text and "." not in text:
+        count = int(text)
+        return [i / (count - 1) for i in range(count)] if count > 1 else [0.5]
+    depths = [float(x) for x in _split(text)]
+    if not all(0.0 <= d <= 1.0 for d in depths):
+        raise ValueError("--depths must lie in [0, 1]")
+    return depths
+
+
+def _probe_progress(name: str) -> Any:
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            print(f"  {name}: {done}/{total} prompts", file=sys.stderr, flush=True)
+
+    return report
+
+
+def render_probe(result: Any) -> str:
+    s = result.summary
+    lines = [f"maskcheck probe {result.name} on {result.model}"]
+    if result.name == "needle":
+        lines.append("length  accuracy  min over depths  note")
+        for length in s["lengths"]:
+            note = s["flags"].get(str(length), "")
+            lines.append(f"{length:<7} {s['accuracy_by_length'][str(length)]:<9.3f} {s['min_accuracy_over_depths'][str(length)]:<16.3f} {note}".rstrip())
+        lines.append(f"effective length {s['effective_length']}, reach {s['reach']} tokens (threshold {s['threshold']}); "
+                     f"mean rank {s['mean_rank']:.2f}, margin {s['mean_margin']:.2f}, retrieval gain {s['mean_gain']:.2f} nats")
+    else:
+        lines.append("slot  " + "  ".join(f"{i + 1:>5}" for i in range(s["items"])))
+        lines.append("acc   " + "  ".join(f"{a:>5.2f}" for a in s["accuracy_by_slot"]))
+        lines.append(f"edge vs middle {s['edge_vs_middle']:.2f}; closed book {s['closed_book_accuracy']:.2f}; "
+                     f"retrieval gain {s['mean_gain']:.2f} nats; {s['length']} tokens{'; ' + next(iter(s['flags'].values())) if s['flags'] else ''}")
+    return "\n".join(lines)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

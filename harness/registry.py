@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 GROUP = "maskcheck.suites"
+PROBE_GROUP = "maskcheck.probes"
 #: the order suites run and are reported in; suites from other packages follow, by name
 BUILTIN_ORDER = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint")
 
@@ -35,3 +36,20 @@ def load_suite(name: str) -> Any:
     if name not in points:
         raise UnknownSuiteError(f"unknown suite {name!r}; known: {', '.join(suite_names()) or '(none registered)'}")
     return points[name].load()()
+
+
+@lru_cache(maxsize=1)
+def _probe_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=PROBE_GROUP)}
+
+
+def probe_names() -> list[str]:
+    return sorted(_probe_points())
+
+
+def load_probe(name: str) -> Any:
+    """The ``(runner, picture)`` pair registered as probe ``name``."""
+    points = _probe_points()
+    if name not in points:
+        raise UnknownSuiteError(f"unknown probe {name!r}; known: {', '.join(probe_names()) or '(none registered)'}")
+    return points[name].load()

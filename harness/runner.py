@@ -18,10 +18,10 @@ from .adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
 from .config import KnownFinding
 from .findings import apply_known_findings
 from .profiles import check_profile, examples_of
-from .registry import UnknownSuiteError, load_suite, suite_names
+from .registry import UnknownSuiteError, load_probe, load_suite, suite_names
 from .reproduction import FailedCheck, write_bundle
 from .specs import LoadOptions, adapter_for, load_adapter
-from .suite import Check, RunContext, run_check
+from .suite import Check, ProbeError, RunContext, run_check
 from .tolerance import tolerance_for
 from .verdict import FAILING, CheckResult, SuiteResult, worst
 
@@ -116,6 +116,7 @@ def audit(
     bundle_dir: str | Path | None = None,
     timeout: float | None = None,
     known_findings: Sequence[KnownFinding] = (),
+    probes: Sequence[str] = (),
     progress: ProgressCallback | None = None,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
@@ -125,6 +126,8 @@ def audit(
     ``profile`` is one of harness.profiles.PROFILES; ``examples`` replaces its case count.
     ``timeout`` limits each suite (seconds): checks it cuts short are ``not_run``.
     ``known_findings`` turn matching failures into ``warn`` until they expire.
+    ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
+    their grids and pictures go to ``report_dir`` when one is given.
 
     Raises :class:`harness.specs.SpecError` when the model cannot be loaded and
     :class:`harness.registry.UnknownSuiteError` for an unknown suite name.
@@ -153,7 +156,24 @@ def audit(
         result.pending.remove(name)
         if progress:
             progress("done", name, result)
+    for name in probes:
+        result.probes.append(_probe(name, adapter, seed, report_dir))
     return result
+
+
+def _probe(name: str, adapter: Adapter, seed: int, report_dir: str | Path | None) -> dict[str, Any]:
+    """One probe's report entry; a probe that cannot run on this model says why instead."""
+    try:
+        run, draw = load_probe(name)
+    except UnknownSuiteError as exc:
+        return {"name": name, "summary": {"error": exc.args[0]}, "grid": None, "picture": None}
+    try:
+        probe = run(adapter, seed=seed)
+    except (ProbeError, AdapterError) as exc:
+        return {"name": name, "summary": {"error": str(exc)}, "grid": None, "picture": None}
+    if report_dir is not None:
+        probe.write(report_dir, draw)
+    return probe.to_dict()
 
 
 def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:

@@ -3,6 +3,7 @@
 | spec | meaning |
 |---|---|
 | ``ref:PRESET`` | a reference preset (a name: no ``/``, no ``.safetensors``) |
+| ``ref:kv-retrieval`` | a checkpoint shipped with maskcheck (``reference_models.SHIPPED``) |
 | ``ref:PATH`` | a reference checkpoint |
 | ``mutant:NAME`` | a seeded bug from ``reference_models.mutants`` |
 | ``hf:DIR`` | a Hugging Face directory (config.json + safetensors) |
@@ -145,10 +146,12 @@ def _is_pretrained(model: Any) -> bool:
 
 
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from reference_models import CheckpointError, PRESETS, Transformer, load_checkpoint, read_config
+    from reference_models import SHIPPED, CheckpointError, PRESETS, Transformer, load_checkpoint, read_config
 
-    from .adapters.reference import checkpoint_record
+    from .adapters.reference import checkpoint_record, trained_length
 
+    if target in SHIPPED:
+        target = str(SHIPPED[target])
     if not is_reference_path(target):
         if target not in PRESETS:
             raise SpecError(f"unknown reference preset {target!r}; known: {', '.join(sorted(PRESETS))}")
@@ -170,6 +173,7 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
         raise SpecError(str(exc)) from None
     adapter = adapter_for(model, f"ref:{target}", device=device, dtype=dtype)
     adapter.checkpoint = record
+    adapter.capabilities = dataclasses.replace(adapter.capabilities, trained_length=trained_length(record))
     return adapter
 
 
@@ -246,7 +250,7 @@ def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> 
 
 
 def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from .adapters.hf import HFAdapter, HFLoadError, load_hf_directory
+    from .adapters.hf import HFAdapter, HFLoadError, load_hf_directory, load_hf_tokenizer
 
     try:
         model = load_hf_directory(
@@ -260,7 +264,7 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
         )
     except HFLoadError as exc:
         raise SpecError(str(exc)) from None
-    return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task)
+    return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task, tokenizer=load_hf_tokenizer(target, options.trust_remote_code))
 
 
 def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:

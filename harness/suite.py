@@ -67,6 +67,10 @@ class Check:
     max_examples: int | None = None
 
 
+class ProbeError(Exception):
+    """A probe that cannot run on a model (no tokenizer, no synthetic vocabulary ...); one line for the user."""
+
+
 class TimeLimitReached(Exception):
     pass
 

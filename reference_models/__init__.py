@@ -13,12 +13,14 @@ from .checkpoint import (
     weights_hash,
 )
 from .config import PRESETS, ModelConfig, preset
+from .shipped import SHIPPED
 from .memory import MemoryEstimate, estimate_memory, parameter_count
 from .model import IGNORE_INDEX, KVCache, ModelOutput, Transformer
 
 __all__ = [
     "IGNORE_INDEX",
     "PRESETS",
+    "SHIPPED",
     "CheckpointError",
     "KVCache",
     "MemoryEstimate",

@@ -27,6 +27,7 @@ ARCHITECTURE_FIELDS = (
     "norm_unit_offset",
     "position",
     "sliding_window",
+    "attention_sinks",
     "token_shift",
     "n_kv_heads",
 )
@@ -50,6 +51,7 @@ class ModelConfig:
     position: PositionScheme = "rotary"
     rope_theta: float = 10000.0
     sliding_window: int | None = None  # a query sees itself and the window - 1 keys before it
+    attention_sinks: int = 0  # with a window: the first N tokens of a row stay visible to every query
     token_shift: bool = False  # add a projection of the previous token's embedding
     tie_embeddings: bool = True
     pad_token_id: int = 0
@@ -74,6 +76,8 @@ class ModelConfig:
         need(self.position != "rotary" or self.head_dim % 2 == 0, f"rotary positions need an even head_dim, got {self.head_dim}")
         need(self.sliding_window is None or self.sliding_window >= 1, f"sliding_window must be >= 1, got {self.sliding_window}")
         need(self.sliding_window is None or self.family != "encoder", "sliding_window is only supported for causal self-attention")
+        need(self.attention_sinks >= 0, f"attention_sinks must be >= 0, got {self.attention_sinks}")
+        need(not self.attention_sinks or self.sliding_window is not None, "attention_sinks needs a sliding_window")
         need(not self.norm_unit_offset or self.norm == "rmsnorm", "norm_unit_offset applies to rmsnorm only")
         need(0 <= self.pad_token_id < self.vocab_size, f"pad_token_id {self.pad_token_id} outside the vocabulary")
         need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")

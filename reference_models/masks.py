@@ -42,6 +42,7 @@ def build_attention_mask(
     k_index: Tensor,
     causal: bool,
     window: int | None = None,
+    sinks: int = 0,
     key_padding: Tensor | None = None,
     q_segments: Tensor | None = None,
     k_segments: Tensor | None = None,
@@ -51,14 +52,18 @@ def build_attention_mask(
 
     ``q_index [Tq]`` and ``k_index [Tk]`` are absolute sequence indices; ``key_padding
     [B, Tk]`` is True at real keys; ``q_segments [B, Tq]`` / ``k_segments [B, Tk]`` give
-    each token's packed-sequence id (block-diagonal attention when given).
+    each token's packed-sequence id (block-diagonal attention when given). ``sinks``: with
+    a window, keys at index < sinks stay visible (StreamingLLM's attention sinks).
     """
     allowed = torch.ones(q_index.numel(), k_index.numel(), dtype=torch.bool, device=q_index.device)
     distance = q_index[:, None] - k_index[None, :]  # [Tq, Tk]: how far back the key is
     if causal:
         allowed = allowed & (distance >= 0)
     if window is not None:
-        allowed = allowed & (distance < window)
+        in_window = distance < window
+        if sinks:
+            in_window = in_window | (k_index[None, :] < sinks)  # attention sinks: the row's first tokens
+        allowed = allowed & in_window
     allowed = allowed.expand(batch, -1, -1)  # [B, Tq, Tk]
     if key_padding is not None:
         allowed = allowed & key_padding[:, None, :]

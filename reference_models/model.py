@@ -173,6 +173,7 @@ class Stack(nn.Module):
             k_index=k_index,
             causal=self.causal,
             window=self.config.sliding_window,
+            sinks=self.config.attention_sinks,
             key_padding=padding,
             q_segments=segments,
             k_segments=segments,

@@ -8,10 +8,13 @@ loss, so every run is reproducible from its seed.
 Tasks
 - ``copy_spans``: random tokens in which spans of earlier tokens recur later, as names and
   phrases recur in text; predicting a recurring span is what induction heads learn.
+- ``kv_retrieval``: key-value pairs hidden in filler, then a question; only the answer is
+  labelled (:mod:`reference_models.retrieval`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +23,7 @@ from torch import Tensor
 
 from .config import ModelConfig
 from .model import IGNORE_INDEX, Transformer
+from .retrieval import retrieval_batch
 
 Task = Callable[[torch.Generator, ModelConfig], tuple[Tensor, Tensor]]  # -> (input_ids, labels), each [B, T]
 
@@ -33,6 +37,7 @@ class TrainingRun:
     batch_size: int = 32
     length: int = 32
     lr: float = 3e-3
+    schedule: str = "constant"  # or "cosine": linear warm-up over 5% of the steps, then cosine decay to 0
 
 
 def copy_spans(generator: torch.Generator, config: ModelConfig, batch_size: int = 32, length: int = 32) -> tuple[Tensor, Tensor]:
@@ -48,7 +53,19 @@ def copy_spans(generator: torch.Generator, config: ModelConfig, batch_size: int 
     return ids, ids.clone()
 
 
-TASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {"copy_spans": copy_spans}
+TASKS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {"copy_spans": copy_spans, "kv_retrieval": retrieval_batch}
+
+
+def learning_rate_factor(run: TrainingRun, step: int) -> float:
+    if run.schedule == "constant":
+        return 1.0
+    if run.schedule != "cosine":
+        raise ValueError(f"unknown schedule {run.schedule!r}; choose constant or cosine")
+    warmup = max(1, run.steps // 20)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, run.steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def train(run: TrainingRun, log: Callable[[int, float], None] | None = None) -> Transformer:
@@ -56,6 +73,7 @@ def train(run: TrainingRun, log: Callable[[int, float], None] | None = None) -> 
     torch.manual_seed(run.seed)
     model = Transformer(run.config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(run, step))
     generator = torch.Generator().manual_seed(run.seed + 1)
     task = TASKS[run.task]
     model.train()
@@ -66,6 +84,7 @@ def train(run: TrainingRun, log: Callable[[int, float], None] | None = None) -> 
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        scheduler.step()
         if log is not None and (step % 50 == 0 or step == run.steps - 1):
             log(step, loss.item())
     return model.eval()

@@ -77,6 +77,7 @@ class CheckpointRecord:
     layout: dict[str, Any]  # the architecture fields it was trained with
     probe: "Batch | None" = None  # the fixed probe batch of its fingerprint
     probe_logprobs: Tensor | None = None  # [B, T, C]: log-probabilities of the first C ids on the probe
+    metadata: dict[str, str] = field(default_factory=dict)  # the rest: training run, retrieval vocabulary ...
 
 
 @dataclass

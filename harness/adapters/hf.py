@@ -132,6 +132,21 @@ def load_hf_directory(
     return model
 
 
+def load_hf_tokenizer(directory: str | Path, trust_remote_code: bool = False) -> Any:
+    """The directory's tokenizer (tokenizer.json and its config), or None when it has none.
+
+    Only the probes need it; a tokenizer that cannot be built leaves the suites running."""
+    path = Path(directory)
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception:  # pragma: no cover - an unusual tokenizer is not a reason to stop an audit
+        return None
+
+
 def _from_pickles(auto_class: Any, config: Any, files: list[Path], kwargs: dict[str, Any]) -> Any:
     """A model from its config, its weights read with ``torch.load(weights_only=True)``."""
     import pickle

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,7 @@ import torch
 from torch import Tensor
 
 from reference_models import KVCache, ModelConfig, Transformer, fingerprint_ids, read_fingerprint
+from reference_models.checkpoint import CONFIG_KEY, FINGERPRINT_KEY, read_metadata
 from reference_models.config import ARCHITECTURE_FIELDS
 from reference_models.masks import positions_from_segments
 
@@ -72,7 +75,11 @@ class ReferenceAdapter(Adapter):
         if missing:
             raise LayoutUnavailable(f"the weights have no {', '.join(missing[:3])} for {changes}")
         described = ", ".join(f"{k}={v}" for k, v in changes.items())
-        return ReferenceAdapter(other.eval(), f"{self.spec} as {described}")
+        relaid = ReferenceAdapter(other.eval(), f"{self.spec} as {described}")
+        # Same weights, same record of how they were saved and trained.
+        relaid.checkpoint = self.checkpoint
+        relaid.capabilities = dataclasses.replace(relaid.capabilities, trained_length=self.capabilities.trained_length)
+        return relaid
 
     def _positions(self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None) -> Tensor | None:
         if explicit is not None:
@@ -132,11 +139,20 @@ class ReferenceAdapter(Adapter):
 
 
 def checkpoint_record(path: str, saved: ModelConfig) -> CheckpointRecord:
-    """The layout and fingerprint a reference checkpoint recorded when it was saved."""
+    """The layout, fingerprint and other metadata a reference checkpoint recorded when it was saved."""
     layout = {name: getattr(saved, name) for name in ARCHITECTURE_FIELDS}
+    metadata = {k: v for k, v in read_metadata(path).items() if k not in (CONFIG_KEY, FINGERPRINT_KEY)}
     fingerprint = read_fingerprint(path)
     if fingerprint is None:
-        return CheckpointRecord(path, layout)
+        return CheckpointRecord(path, layout, metadata=metadata)
     ids = fingerprint_ids(saved)
     probe = Batch(ids, decoder_input_ids=ids if saved.family == "encoder_decoder" else None)
-    return CheckpointRecord(path, layout, probe, fingerprint.logprobs)
+    return CheckpointRecord(path, layout, probe, fingerprint.logprobs, metadata)
+
+
+def trained_length(record: CheckpointRecord) -> int | None:
+    """The sequence length the checkpoint's recorded training run used, if it recorded one."""
+    try:
+        return int(json.loads(record.metadata["maskcheck.training"])["length"])
+    except (KeyError, ValueError, TypeError):
+        return None
