@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reproduction bundles into this directory (without it, bundles of failing suites go to ./maskcheck-report)",
     )
     audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field, forcing another layout (repeatable)")
+    audit.add_argument("--device-map", help="hf: shard a checkpoint larger than one device with accelerate, e.g. auto (needs the 'sharding' extra)")
     audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
     audit.add_argument(
         "--allow-pickle",
@@ -84,6 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: run the weights under another mask, e.g. sliding_window=8, attention_sinks=4")
     probe.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     probe.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+
+    cost = sub.add_parser(
+        "profile",
+        help="cost profile: latency, KV-cache bytes and peak memory over context length",
+        description="Measure prefill and per-token decode latency (P50/P95) at doubling context lengths, generation "
+        "with vs without the KV cache, KV-cache bytes per token (measured vs formula) and peak memory; print a table "
+        "and write JSON and a PNG plot.",
+    )
+    cost.add_argument("spec", help="the model spec (a decoder with a cache)")
+    cost.add_argument("--lengths", help="comma-separated context lengths (default: doubling from 128 to the model's maximum)")
+    cost.add_argument("--max-seconds", type=float, default=120.0, help="time budget; stops at the longest length that fits (default: 120)")
+    cost.add_argument("--repeats", type=int, default=5, help="prefill repeats per length (default: 5)")
+    cost.add_argument("--new-tokens", type=int, default=16, help="decoded tokens per length (default: 16)")
+    cost.add_argument("--report", dest="report_dir", default="maskcheck-report", help="where profile.json and profile.png go")
+    cost.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    cost.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    cost.add_argument("--device-map", help="hf: accelerate device map, e.g. auto (needs the 'sharding' extra)")
 
     replay = sub.add_parser(
         "replay",
@@ -125,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_replay(args)
         if args.command == "probe":
             return cmd_probe(args)
+        if args.command == "profile":
+            return cmd_profile(args)
         return cmd_audit(args)
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
@@ -224,6 +244,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 overrides=_overrides(args.override),
                 trust_remote_code=args.trust_remote_code,
                 allow_pickle=args.allow_pickle,
+                device_map=args.device_map,
             )
             result = audit(
                 args.spec,
@@ -351,6 +372,30 @@ def render_probe(result: Any) -> str:
         lines.append(f"edge vs middle {s['edge_vs_middle']:.2f}; closed book {s['closed_book_accuracy']:.2f}; "
                      f"retrieval gain {s['mean_gain']:.2f} nats; {s['length']} tokens{'; ' + next(iter(s['flags'].values())) if s['flags'] else ''}")
     return "\n".join(lines)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .costs import draw, profile, render
+    from .report import write_json
+    from .specs import LoadOptions, SpecError, load_adapter
+
+    _quiet_transformers()
+    try:
+        adapter = load_adapter(args.spec, LoadOptions(device=args.device, dtype=args.dtype, device_map=args.device_map))
+        lengths = [int(x) for x in _split(args.lengths)] if args.lengths else None
+
+        def progress(costs: Any) -> None:
+            print(f"  profiled {costs.length} tokens in {costs.seconds:.1f}s", file=sys.stderr, flush=True)
+
+        result = profile(adapter, lengths, args.max_seconds, args.repeats, args.new_tokens, progress=progress)
+    except (SpecError, ValueError) as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
+    print(render(result))
+    directory = Path(args.report_dir)
+    write_json(directory / "profile.json", result.to_dict())
+    print(f"JSON: {directory / 'profile.json'}\nplot: {draw(result, directory / 'profile.png')}")
+    return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

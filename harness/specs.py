@@ -39,6 +39,7 @@ class LoadOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     trust_remote_code: bool = False
     allow_pickle: bool = False  # load .bin/.pt weights with torch.load(weights_only=True)
+    device_map: Any = None  # hf: accelerate's placement ("auto", or a dict) for checkpoints larger than one device
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
             attn_implementation=options.attn_implementation,
             trust_remote_code=options.trust_remote_code,
             allow_pickle=options.allow_pickle,
+            device_map=options.device_map,
         )
     except HFLoadError as exc:
         raise SpecError(str(exc)) from None

@@ -121,7 +121,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
             raise CaseFailed(case, outcome)
 
     examples = context.examples if check.max_examples is None else min(context.examples, check.max_examples)
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.
+    phases = [Phase.generate]
     if context.shrink:
         phases.append(Phase.shrink)
     # The profile brings no deadline, no database and no health checks (harness/profiles.py).

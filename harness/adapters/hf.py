@@ -73,6 +73,7 @@ def load_hf_directory(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    device_map: Any = None,
 ) -> Any:
     """Build a model from a local directory of config.json + safetensors (sharded or not).
 
@@ -118,6 +119,15 @@ def load_hf_directory(
         kwargs["dtype"] = dtype
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise HFLoadError("--device-map needs accelerate: pip install 'maskcheck[sharding]'") from None
+        kwargs["device_map"] = device_map
+        if isinstance(device_map, dict) and "disk" in device_map.values():
+            kwargs["offload_folder"] = str(path / ".maskcheck-offload")
+        device = None  # accelerate places every module itself
     if not has_safetensors:
         model = _from_pickles(_auto_class(chosen), config, pickles, kwargs)
         return model.to(device) if device is not None else model
@@ -160,7 +170,7 @@ def _from_pickles(auto_class: Any, config: Any, files: list[Path], kwargs: dict[
         if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
             raise HFLoadError(f"{file} is not a state dict of tensors")
         state.update(loaded)
-    kwargs = {k: v for k, v in kwargs.items() if k != "trust_remote_code"}
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("trust_remote_code", "device_map", "offload_folder")}
     model = auto_class.from_config(config, **kwargs)
     missing, _ = model.load_state_dict(state, strict=False)
     # A tied parameter (lm_head = embeddings) is filled through its twin.
@@ -207,6 +217,11 @@ class HFAdapter(Adapter):
         self.cache_keyword = "cache" if "cache" in parameters else ("past_key_values" if "past_key_values" in parameters else None)
         attention, window = declared_attention(config, family)
         parameter = next(model.parameters())
+        device = str(parameter.device)
+        placement = getattr(model, "hf_device_map", None)
+        if placement:  # sharded by accelerate: inputs go where the first module (the embeddings) runs
+            first = next(iter(placement.values()))
+            device = f"cuda:{first}" if isinstance(first, int) else ("cpu" if first in ("cpu", "disk") else str(first))
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         capabilities = Capabilities(
             family=family,  # type: ignore[arg-type]
@@ -224,7 +239,7 @@ class HFAdapter(Adapter):
             attention=attention,  # type: ignore[arg-type]
             window=window,
             n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
-            device=str(parameter.device),
+            device=device,
             dtype=str(parameter.dtype).removeprefix("torch."),
             tokenizer=tokenizer,
         )

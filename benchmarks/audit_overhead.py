@@ -1,0 +1,150 @@
+"""How much an audit costs beyond the model's own forward passes.
+
+    python benchmarks/audit_overhead.py [--model gpt2-small|tiny-reference|both] [--profile ci]
+
+For each model, in one process:
+
+1. a recording run of the audit captures every forward call the audit makes (its
+   arguments, deep-copied before the call, so a cache that forward mutates is replayed
+   as it was);
+2. a timed run of the same audit (same seed and profile, so the same cases) without
+   recording;
+3. the recorded forwards are replayed on the bare model, timed.
+
+It prints ``harness time / bare forward time`` (target: at most 1.3), the forwards per
+case of each suite, and the wall time of the audit. ``gpt2-small`` is a random-init
+GPT-2 with the 124M-parameter shape (768 wide, 12 layers, 50257 tokens); the
+cases keep the ``ci`` profile's own shapes. One torch thread, as a pytest-xdist worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from harness import audit  # noqa: E402
+from harness.specs import adapter_for  # noqa: E402
+
+
+def gpt2_small() -> Any:
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # the 124M shape
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def tiny_reference() -> Any:
+    from reference_models import PRESETS, Transformer
+
+    torch.manual_seed(0)
+    return Transformer(PRESETS["tiny-decoder"]).eval()
+
+
+MODELS: dict[str, Callable[[], Any]] = {"gpt2-small": gpt2_small, "tiny-reference": tiny_reference}
+
+
+class Recorder:
+    """A forward pre-hook that keeps (args, kwargs) of every call, deep-copied."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls: list[tuple[tuple, dict, str]] = []
+        self.suite = ""
+        self.handle = model.register_forward_pre_hook(self.keep, with_kwargs=True)
+
+    def keep(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        self.calls.append((copy.deepcopy(args), copy.deepcopy(kwargs), self.suite))
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def run_audit(model: Any, profile: str, recorder: Recorder | None = None) -> tuple[float, Any]:
+    def progress(event: str, suite: str, result: Any) -> None:
+        if recorder is not None and event == "start":
+            recorder.suite = suite
+
+    adapter = adapter_for(model)
+    started = time.perf_counter()
+    result = audit(adapter, profile=profile, progress=progress)
+    return time.perf_counter() - started, result
+
+
+def replay(model: torch.nn.Module, calls: list[tuple[tuple, dict, str]]) -> float:
+    """Run the recorded forwards on the bare model, each on a fresh copy of its inputs
+    (copied outside the timed region)."""
+    total = 0.0
+    with torch.inference_mode():
+        for args, kwargs, _ in calls:
+            args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
+            started = time.perf_counter()
+            model(*args, **kwargs)
+            total += time.perf_counter() - started
+    return total
+
+
+def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
+    model = MODELS[name]()
+    parameters = sum(p.numel() for p in model.parameters())
+    run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
+    recorder = Recorder(model)
+    _, recorded = run_audit(model, profile, recorder)
+    recorder.remove()
+    audits, bares = [], []
+    for _ in range(repeats):
+        seconds, result = run_audit(model, profile)
+        audits.append(seconds)
+        bares.append(replay(model, recorder.calls))
+    assert [s.status for s in result.suites] == [s.status for s in recorded.suites], "the timed run drew other cases"
+    per_suite = {}
+    for suite in recorded.suites:
+        forwards = sum(1 for *_, s in recorder.calls if s == suite.name)
+        per_suite[suite.name] = (forwards, suite.cases)
+    audit_time, bare_time = statistics.median(audits), statistics.median(bares)
+    return {
+        "model": name,
+        "parameters": parameters,
+        "forwards": len(recorder.calls),
+        "audit": audit_time,
+        "bare": bare_time,
+        "ratio": audit_time / bare_time,
+        "per_suite": per_suite,
+        "statuses": {s.name: s.status for s in recorded.suites},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="both", choices=[*MODELS, "both"])
+    parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    names = list(MODELS) if args.model == "both" else [args.model]
+    ok = True
+    for name in names:
+        r = measure(name, args.profile, args.repeats)
+        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, 1 thread")
+        print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9}")
+        for suite, (forwards, cases) in r["per_suite"].items():
+            per_case = f"{forwards / cases:.2f}" if cases else "-"
+            print(f"  {suite:<16} {r['statuses'][suite]:<15} {cases:>6} {forwards:>9} {per_case:>9}")
+        print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
+        print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
+        ok &= r["ratio"] <= 1.3
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

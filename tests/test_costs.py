@@ -1,0 +1,65 @@
+"""The cost profile and sharded (device-map) models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import audit
+from harness.cli import main
+from harness.costs import kv_formula, profile, tensor_bytes
+from harness.specs import LoadOptions, load_adapter
+from reference_models.hf_tiny import tiny_model
+
+
+def test_kv_bytes_per_token_match_the_formula_for_reference_and_hugging_face(tmp_path: Path) -> None:
+    tiny_model("llama").save_pretrained(tmp_path, safe_serialization=True)
+    for spec in ("ref:tiny-decoder-gqa", f"hf:{tmp_path}"):
+        adapter = load_adapter(spec)
+        result = profile(adapter, [16, 32], max_seconds=60, repeats=2, new_tokens=4)
+        for costs in result.lengths:
+            assert costs.kv_bytes_formula == kv_formula(adapter)
+            assert costs.kv_bytes_per_token == pytest.approx(costs.kv_bytes_formula), (spec, costs)
+            assert costs.peak_memory_bytes and costs.peak_memory_bytes > 0
+
+
+def test_cache_beats_recomputation_more_as_context_grows() -> None:
+    """The asymptotic difference: per-token cost without a cache grows with the context, with it barely."""
+    result = profile(load_adapter("ref:tiny-decoder"), [16, 128], max_seconds=60, repeats=3, new_tokens=8)
+    short, long = result.lengths
+    assert long.no_cache_per_token_p50 / long.decode_p50 > short.no_cache_per_token_p50 / short.decode_p50
+
+
+def test_time_budget_stops_at_the_longest_length_that_fits() -> None:
+    result = profile(load_adapter("ref:tiny-decoder"), [16, 32, 64, 128], max_seconds=0.0, repeats=1, new_tokens=2)
+    assert [c.length for c in result.lengths] == [16] and "exceed --max-seconds" in (result.stopped or "")
+
+
+def test_cli_profile_writes_table_json_and_plot(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["profile", "ref:tiny-decoder", "--lengths", "16,32", "--repeats", "2", "--new-tokens", "4", "--report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "prefill p50/p95 ms" in out and "KV B/token" in out
+    data = json.loads((tmp_path / "profile.json").read_text())
+    assert [c["length"] for c in data["lengths"]] == [16, 32]
+    assert (tmp_path / "profile.png").stat().st_size > 5000
+    assert main(["profile", "ref:tiny-encoder"]) == 2
+    assert "declares no KV cache" in capsys.readouterr().err
+
+
+def test_tensor_bytes_counts_shared_storage_once() -> None:
+    import torch
+
+    x = torch.zeros(10)
+    assert tensor_bytes({"a": x, "b": [x, x[:5]], "c": torch.zeros(3, dtype=torch.float16)}) == 40 + 6
+
+
+def test_suites_keep_working_on_a_model_sharded_with_disk_offload(tmp_path: Path) -> None:
+    tiny_model("llama", "sdpa").save_pretrained(tmp_path, safe_serialization=True)
+    placement = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    adapter = load_adapter(f"hf:{tmp_path}", LoadOptions(device_map=placement))
+    assert adapter.model.hf_device_map["model.layers.1"] == "disk"
+    result = audit(adapter, ["causal", "padding", "kv_cache"])
+    assert [s.status for s in result.suites] == ["pass", "pass", "pass"]
+    assert main(["audit", f"hf:{tmp_path}", "--device-map", "auto", "--suites", "causal", "-q"]) == 0
