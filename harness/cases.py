@@ -181,3 +181,51 @@ def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  
         outcome.status = "warn"
         outcome.message += POSITION_CAVEAT
     return outcome
+
+
+class RowBatches:
+    """Batches of padded rows for one adapter, padded on the side whose logits it predicts.
+
+    Encoder-decoders are padded on the decoder side; each row gets a source that depends
+    only on its index in the case (``first_row + i``), so a row run alone reads the same
+    source as in its batch. :meth:`sources` is the hook a suite overrides for other sources.
+    """
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        self.caps = adapter.capabilities
+        self.pad = pad_token(adapter)
+
+    def rows(self, lengths: Sequence[int], seed: int) -> list[Tensor]:
+        return random_rows(self.adapter, lengths, seed)
+
+    def sources(self, count: int, first_row: int, padding: int) -> tuple[Tensor, Tensor]:
+        """``count`` unpadded sources of 4 tokens (``padding`` is for subclasses)."""
+        sources = [random_ids(12345 + first_row + i, (4,), self.caps.vocab_size, self.pad) for i in range(count)]
+        source = torch.stack(sources)
+        return source, torch.ones_like(source)
+
+    def batch(
+        self,
+        rows: Sequence[Tensor],
+        length: int,
+        side: str,
+        with_positions: bool = True,
+        first_row: int = 0,
+        source_padding: int = 0,
+    ) -> Batch:
+        """Pad ``rows`` to ``length``; ``first_row`` is the index of rows[0] in the case."""
+        ids, mask = pad_rows(rows, length, side, self.pad)
+        device = self.caps.device
+        ids, mask = ids.to(device), mask.to(device)
+        if self.caps.family == "encoder_decoder":
+            source, source_mask = self.sources(len(rows), first_row, source_padding)
+            return Batch(source.to(device), source_mask.to(device), decoder_input_ids=ids, decoder_attention_mask=mask)
+        positions = positions_for(self.adapter, mask) if with_positions else None
+        return Batch(ids, mask, positions)
+
+    def with_ids(self, batch: Batch, ids: Tensor) -> Batch:
+        """``batch`` with other ids on the predicted side."""
+        if self.caps.family == "encoder_decoder":
+            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=ids, decoder_attention_mask=batch.decoder_attention_mask)
+        return Batch(ids, batch.attention_mask, batch.position_ids)

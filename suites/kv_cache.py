@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import aligned_outcome, concat, left_padding_caveat, pad_rows, pad_token, positions_for, random_ids, random_rows, verdict
+from harness.cases import RowBatches, aligned_outcome, concat, left_padding_caveat, pad_rows, random_ids, random_rows, verdict
 from harness.suite import Check, Outcome, RunContext, Suite
 from harness.tolerance import compare_logits
 
@@ -77,25 +77,16 @@ def generation_cases(capabilities: Capabilities) -> st.SearchStrategy[Generation
     )
 
 
-class CacheBatches:
-    """Left-padded decoder batches for one adapter; encoder-decoders get a right-padded source per row."""
+class CacheBatches(RowBatches):
+    """Left-padded decoder batches; encoder-decoders get a right-padded source per row, of
+    2 to 4 tokens plus the case's padding, so the cross-attention cache must keep its mask."""
 
-    def __init__(self, adapter: Adapter) -> None:
-        self.adapter = adapter
-        self.caps = adapter.capabilities
-        self.pad = pad_token(adapter)
+    def sources(self, count: int, first_row: int, padding: int) -> tuple[Tensor, Tensor]:
+        sources = [random_ids(7919 + first_row + i, (2 + (first_row + i) % 3,), self.caps.vocab_size, self.pad) for i in range(count)]
+        return pad_rows(sources, max(s.numel() for s in sources) + padding, "right", self.pad)
 
-    def batch(self, rows: list[Tensor], length: int, source_padding: int, first_row: int = 0) -> Batch:
-        """``rows`` left-padded to ``length``; ``first_row`` is rows[0]'s index in the case, so a
-        row decoded alone gets the same source as in its batch."""
-        ids, mask = pad_rows(rows, length, "left", self.pad)
-        device = self.caps.device
-        ids, mask = ids.to(device), mask.to(device)
-        if self.caps.family != "encoder_decoder":
-            return Batch(ids, mask, positions_for(self.adapter, mask))
-        sources = [random_ids(7919 + first_row + i, (2 + (first_row + i) % 3,), self.caps.vocab_size, self.pad) for i in range(len(rows))]
-        source, source_mask = pad_rows(sources, max(s.numel() for s in sources) + source_padding, "right", self.pad)
-        return Batch(source.to(device), source_mask.to(device), decoder_input_ids=ids, decoder_attention_mask=mask)
+    def left_padded(self, rows: list[Tensor], length: int, source_padding: int, first_row: int = 0) -> Batch:
+        return self.batch(rows, length, "left", first_row=first_row, source_padding=source_padding)
 
     def prefix(self, batch: Batch, length: int) -> Batch:
         """The first ``length`` columns of the predicted side (the source is kept whole)."""
@@ -146,7 +137,7 @@ class KVCacheSuite(Suite):
         total = prompt + sum(case.chunks)
         rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
         continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
-        full = b.batch([torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding)
+        full = b.left_padded([torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding)
         mask = full.predicted_mask
         assert mask is not None
         logits = b.adapter.logits(concat([full, full]))  # [2B, T, V]: the copy gives the floor
@@ -174,13 +165,13 @@ class KVCacheSuite(Suite):
 
     def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Outcome:
         rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
-        batch = b.batch(rows, max(case.prompt_lengths), case.source_padding)
+        batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
         tokens, logits = greedy(b.adapter, concat([batch, batch]), case.new_tokens)  # the copy gives the floor
         size = batch.size
         floor = compare_logits(logits[:size], logits[size:], torch.ones(size, case.new_tokens, dtype=torch.bool)).max_diff
         pairs, diverged = [], []
         for i, row in enumerate(rows):
-            alone_tokens, alone_logits = greedy(b.adapter, b.batch([row], row.numel(), case.source_padding, first_row=i), case.new_tokens)
+            alone_tokens, alone_logits = greedy(b.adapter, b.left_padded([row], row.numel(), case.source_padding, first_row=i), case.new_tokens)
             differs = (alone_tokens[0] != tokens[i]).nonzero()
             compared = case.new_tokens if differs.numel() == 0 else int(differs[0]) + 1
             if compared < case.new_tokens or differs.numel():

@@ -22,20 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from hypothesis import strategies as st
 
-from harness.adapters.base import Adapter, Batch, Capabilities
+from harness.adapters.base import Adapter, Capabilities
 from harness.cases import (
+    RowBatches,
     aligned_outcome,
     left_padding_caveat,
     concat,
-    pad_rows,
-    pad_token,
     perturb,
-    positions_for,
-    random_ids,
-    random_rows,
     real_logits,
     repeat_floor,
     same_shape_outcome,
@@ -85,38 +80,6 @@ def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
     )
 
 
-class PaddedBatches:
-    """Builds batches for one adapter, padding the side whose logits it predicts."""
-
-    def __init__(self, adapter: Adapter) -> None:
-        self.adapter = adapter
-        self.caps = adapter.capabilities
-        self.pad = pad_token(adapter)
-
-    def rows(self, lengths: tuple[int, ...], seed: int) -> list[torch.Tensor]:
-        return random_rows(self.adapter, lengths, seed)
-
-    def batch(
-        self, rows: list[torch.Tensor], length: int, side: str, with_positions: bool = True, first_row: int = 0
-    ) -> Batch:
-        """Pad ``rows`` to ``length``; ``first_row`` is the index of rows[0] in the case, so that an
-        encoder-decoder row gets the same (unpadded) source alone as in its batch."""
-        ids, mask = pad_rows(rows, length, side, self.pad)
-        device = self.caps.device
-        ids, mask = ids.to(device), mask.to(device)
-        if self.caps.family == "encoder_decoder":
-            sources = [random_ids(12345 + first_row + i, (4,), self.caps.vocab_size, self.pad) for i in range(len(rows))]
-            source = torch.stack(sources).to(device)
-            return Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask)
-        positions = positions_for(self.adapter, mask) if with_positions else None
-        return Batch(ids, mask, positions)
-
-    def with_ids(self, batch: Batch, ids: torch.Tensor) -> Batch:
-        if self.caps.family == "encoder_decoder":
-            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=ids, decoder_attention_mask=batch.decoder_attention_mask)
-        return Batch(ids, batch.attention_mask, batch.position_ids)
-
-
 class PaddingSuite(Suite):
     name = "padding"
     summary = "padded slots carry no information into real positions, whatever the batch"
@@ -129,7 +92,7 @@ class PaddingSuite(Suite):
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         caps = adapter.capabilities
         longest = max(2, min(MAX_LENGTH, (caps.max_length or MAX_LENGTH) - 4))
-        batches = PaddedBatches(adapter)
+        batches = RowBatches(adapter)
         checks = [
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded_cases(longest)),
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded_cases(longest)),
@@ -143,7 +106,7 @@ class PaddingSuite(Suite):
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:
         """The influence matrix of one row with ``padding`` slots (left for decoders, right for
         encoders) and the expected mask: the declared pattern, restricted to real inputs."""
-        b = PaddedBatches(adapter)
+        b = RowBatches(adapter)
         side = "right" if b.caps.family == "encoder" else "left"
         row = b.batch(b.rows((length - padding,), context.seed), length, side)
         influence = measure_influence(adapter, context, row, context.seed, decoder_side=b.caps.family == "encoder_decoder")
@@ -152,7 +115,7 @@ class PaddingSuite(Suite):
         expected = expected_pattern(length, pattern, b.caps.window, b.caps.n_layers) & real[None, :] & real[:, None]
         return influence, expected
 
-    def pad_ids(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def pad_ids(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
         length = max(case.lengths) + case.extra
         base = b.batch(b.rows(case.lengths, case.seed), length, case.side)
         ids, mask = base.predicted_ids, base.predicted_mask
@@ -161,7 +124,7 @@ class PaddingSuite(Suite):
         what = f"changing the ids at {case.side}-padded slots changed real logits"
         return same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what)
 
-    def padded_vs_unpadded(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def padded_vs_unpadded(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
         rows = b.rows(case.lengths, case.seed)
         length = max(case.lengths) + case.extra
         padded = b.batch(rows, length, case.side)
@@ -175,7 +138,7 @@ class PaddingSuite(Suite):
         outcome = aligned_outcome(context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded")
         return left_padding_caveat(outcome, b.caps, case.side)
 
-    def extra_padding(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def extra_padding(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
         rows = b.rows(case.lengths, case.seed)
         shortest = max(case.lengths)
         base = b.batch(rows, shortest, case.side)
@@ -187,7 +150,7 @@ class PaddingSuite(Suite):
         outcome = aligned_outcome(context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits")
         return left_padding_caveat(outcome, b.caps, case.side)
 
-    def batch_composition(self, b: PaddedBatches, context: RunContext, case: CompositionCase) -> Outcome:
+    def batch_composition(self, b: RowBatches, context: RunContext, case: CompositionCase) -> Outcome:
         row = b.rows((case.length,), case.seed)[0]
         others_a = b.rows(case.others_a, case.seed + 1)
         others_b = b.rows(case.others_b, case.seed + 2)
@@ -200,7 +163,7 @@ class PaddingSuite(Suite):
         what = f"row 0 changed when the other rows changed from lengths {list(case.others_a)} to {list(case.others_b)} ({case.side} padding)"
         return left_padding_caveat(aligned_outcome(context, pairs, floor, what), b.caps, case.side)
 
-    def positions_from_mask(self, b: PaddedBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def positions_from_mask(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
         rows = b.rows(case.lengths, case.seed)
         length = max(case.lengths) + case.extra
         with_positions = b.batch(rows, length, "left")
