@@ -14,7 +14,8 @@ For each model, in one process:
 It prints ``harness time / bare forward time`` (target: at most 1.3), the forwards per
 case of each suite, and the wall time of the audit. ``gpt2-small`` is a random-init
 GPT-2 with the 124M-parameter shape (768 wide, 12 layers, 50257 tokens); the
-cases keep the ``ci`` profile's own shapes. One torch thread, as a pytest-xdist worker.
+cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
+pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine.
 """
 
 from __future__ import annotations
@@ -129,13 +130,14 @@ def main() -> int:
     parser.add_argument("--model", default="both", choices=[*MODELS, "both"])
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:
         r = measure(name, args.profile, args.repeats)
-        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, 1 thread")
+        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s)")
         print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9}")
         for suite, (forwards, cases) in r["per_suite"].items():
             per_case = f"{forwards / cases:.2f}" if cases else "-"

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .adapters.base import Adapter, Batch, positions_from_mask
 from .suite import Outcome, RunContext
-from .tolerance import Comparison, compare_logits
+from .tolerance import Comparison, compare_logits, compare_rows
 
 
 def pad_token(adapter: Adapter) -> int:
@@ -142,23 +142,28 @@ def aligned_outcome(
 ) -> Outcome:
     """Shape-changing comparison: each pair is (reference ``[n, V]``, test ``[n, V]``, row);
     the threshold follows the FlashAttention rule (``k * floor + arithmetic floor``)."""
-    longest = max((ref.shape[0] for ref, _, _ in pairs), default=0)
-    if longest == 0:
+    pairs = [(ref, tst, row) for ref, tst, row in pairs if ref.shape[0]]
+    if not pairs:
         return Outcome("pass", message="no real positions to compare")
-    vocab = pairs[0][0].shape[-1]
-    reference = torch.zeros(len(pairs), longest, vocab, dtype=pairs[0][0].dtype)
-    test = torch.zeros(len(pairs), longest, vocab, dtype=pairs[0][1].dtype)
-    where = torch.zeros(len(pairs), longest, dtype=torch.bool)
-    for i, (ref, tst, _) in enumerate(pairs):
-        reference[i, : ref.shape[0]] = ref.cpu()
-        test[i, : tst.shape[0]] = tst.cpu()
-        where[i, : ref.shape[0]] = True
-    comparison = compare_logits(reference, test, where)
-    rows = [row for _, _, row in pairs]
-    comparison.nonfinite = [[rows[b], t] for b, t in comparison.nonfinite]
+    device = pairs[0][0].device
+    diff, scale = compare_rows(torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]))  # [N]
+    # [row, position] of every compared logit, in the order of the concatenation
+    where = [[row, t] for ref, _, row in pairs for t in range(ref.shape[0])]
+    per_position = torch.zeros(len(pairs), max(ref.shape[0] for ref, _, _ in pairs), dtype=torch.float64)
+    flat = diff.cpu()
+    offset = 0
+    for i, (ref, _, _) in enumerate(pairs):
+        per_position[i, : ref.shape[0]] = flat[offset : offset + ref.shape[0]]
+        offset += ref.shape[0]
+    nonfinite = [where[i] for i in torch.isinf(flat).nonzero().flatten().tolist()]
+    comparison = Comparison(float(flat.max()), scale, per_position, nonfinite)
     threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
     outcome = verdict(comparison, floor, threshold, what)
-    outcome.positions = [[rows[b], t] for b, t in outcome.positions] if not comparison.nonfinite else outcome.positions
+    if not nonfinite:
+        over = (flat > threshold).nonzero().flatten().tolist()
+        outcome.positions = [where[i] for i in over]
+        if outcome.status == "fail":
+            outcome.message = outcome.message.split(" at [row, position]")[0] + f" at [row, position] {outcome.positions[:8]}"
     return outcome
 
 
