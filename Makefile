@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow mutation-score clean
+.PHONY: setup demo test test-slow mutation-score bench clean
 
 setup:
 	@bash scripts/setup.sh 2>&1 | grep -v "^WARNING: Location" || true
@@ -20,5 +20,8 @@ test-slow: setup
 mutation-score: setup
 	$(PY) scripts/mutation_score.py
 
+bench: setup
+	$(PY) benchmarks/audit_overhead.py
+
 clean:
-	rm -rf $(VENV) .demo *.egg-info
+	rm -rf $(VENV) .demo *.egg-info maskcheck-report
