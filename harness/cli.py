@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and write JSON and a PNG plot.",
     )
     cost.add_argument("spec", help="the model spec (a decoder with a cache)")
-    cost.add_argument("--lengths", help="comma-separated context lengths (default: doubling from 128 to the model's maximum)")
+    cost.add_argument("--lengths", help="comma-separated context lengths (default: doubling from 128, then the model's maximum less the decoded tokens)")
     cost.add_argument("--max-seconds", type=float, default=120.0, help="time budget; stops at the longest length that fits (default: 120)")
     cost.add_argument("--repeats", type=int, default=5, help="prefill repeats per length (default: 5)")
     cost.add_argument("--new-tokens", type=int, default=16, help="decoded tokens per length (default: 16)")
@@ -375,6 +375,7 @@ def render_probe(result: Any) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from .adapters.base import AdapterError
     from .costs import draw, profile, render
     from .report import write_json
     from .specs import LoadOptions, SpecError, load_adapter
@@ -388,7 +389,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"  profiled {costs.length} tokens in {costs.seconds:.1f}s", file=sys.stderr, flush=True)
 
         result = profile(adapter, lengths, args.max_seconds, args.repeats, args.new_tokens, progress=progress)
-    except (SpecError, ValueError) as exc:
+    except (SpecError, ValueError, AdapterError) as exc:
         print(f"maskcheck: error: {exc}", file=sys.stderr)
         return 2
     print(render(result))

@@ -173,15 +173,14 @@ def profile_length(adapter: Adapter, length: int, repeats: int, new_tokens: int,
     )
 
 
-def default_lengths(adapter: Adapter, start: int = 128) -> list[int]:
-    top = adapter.capabilities.max_length or 4096
+def default_lengths(adapter: Adapter, new_tokens: int, start: int = 128) -> list[int]:
+    """Doubling from ``start``, then the longest prompt that still leaves room for the decoded tokens."""
+    top = (adapter.capabilities.max_length or 4096) - new_tokens
     lengths, length = [], start
-    while length <= top:
+    while length < top:
         lengths.append(length)
         length *= 2
-    if not lengths or lengths[-1] != top and top < 2 * lengths[-1] and top > lengths[-1]:
-        lengths.append(top)
-    return lengths
+    return [*lengths, top] if top > 0 else lengths
 
 
 def profile(
@@ -199,9 +198,9 @@ def profile(
         raise ValueError(f"{adapter.spec} declares no KV cache: maskcheck profile measures decoders")
     result = CostProfile(adapter.spec, caps.device, caps.dtype)
     budget_start = time.perf_counter()
-    for length in lengths or default_lengths(adapter):
-        if caps.max_length and length > caps.max_length:
-            result.stopped = f"{length} is beyond the model's maximum {caps.max_length}"
+    for length in lengths or default_lengths(adapter, new_tokens):
+        if caps.max_length and length + new_tokens > caps.max_length:
+            result.stopped = f"{length} + {new_tokens} decoded tokens is beyond the model's maximum {caps.max_length}"
             break
         elapsed = time.perf_counter() - budget_start
         if result.lengths:
