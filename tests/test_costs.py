@@ -27,7 +27,7 @@ def test_kv_bytes_per_token_match_the_formula_for_reference_and_hugging_face(tmp
 
 def test_cache_beats_recomputation_more_as_context_grows() -> None:
     """The asymptotic difference: per-token cost without a cache grows with the context, with it barely."""
-    result = profile(load_adapter("ref:tiny-decoder"), [16, 128], max_seconds=60, repeats=3, new_tokens=8)
+    result = profile(load_adapter("ref:tiny-decoder"), [16, 112], max_seconds=60, repeats=3, new_tokens=8)
     short, long = result.lengths
     assert long.no_cache_per_token_p50 / long.decode_p50 > short.no_cache_per_token_p50 / short.decode_p50
 
@@ -63,3 +63,10 @@ def test_suites_keep_working_on_a_model_sharded_with_disk_offload(tmp_path: Path
     result = audit(adapter, ["causal", "padding", "kv_cache"])
     assert [s.status for s in result.suites] == ["pass", "pass", "pass"]
     assert main(["audit", f"hf:{tmp_path}", "--device-map", "auto", "--suites", "causal", "-q"]) == 0
+
+
+def test_lengths_leave_room_for_the_decoded_tokens() -> None:
+    adapter = load_adapter("ref:tiny-decoder")  # 128 positions
+    result = profile(adapter, None, max_seconds=60, repeats=1, new_tokens=16)
+    assert [c.length for c in result.lengths] == [112]
+    assert "beyond the model's maximum" in (profile(adapter, [128], repeats=1, new_tokens=4).stopped or "")
