@@ -248,26 +248,25 @@ def draw(result: CostProfile, path: Path) -> Path:
     latency.plot(lengths, [c.prefill_p50 * 1e3 for c in result.lengths], marker="o", label="prefill (whole prompt)")
     latency.plot(lengths, [c.decode_p50 * 1e3 for c in result.lengths], marker="o", label="decode, per token, with KV cache")
     latency.plot(lengths, [c.no_cache_per_token_p50 * 1e3 for c in result.lengths], marker="o", label="decode, per token, no cache")
-    latency.set_xscale("log", base=2)
-    latency.set_yscale("log")
-    latency.set_xlabel("context length (tokens)")
-    latency.set_ylabel("latency P50 (ms)")
-    latency.legend(fontsize=8)
-    latency.grid(alpha=0.3)
+    _log_axes(latency, "latency P50 (ms)")
     memory.plot(lengths, [c.kv_bytes_per_token * c.length / 2**20 for c in result.lengths], marker="o", label="KV cache (measured)")
     if all(c.kv_bytes_formula for c in result.lengths):
         memory.plot(lengths, [c.kv_bytes_formula * c.length / 2**20 for c in result.lengths], linestyle="--", label="KV cache (formula)")
     if all(c.peak_memory_bytes for c in result.lengths):
         memory.plot(lengths, [c.peak_memory_bytes / 2**20 for c in result.lengths], marker="s", label="peak memory (process)" if result.device == "cpu" else "peak CUDA memory")
-    memory.set_xscale("log", base=2)
-    memory.set_yscale("log")
-    memory.set_xlabel("context length (tokens)")
-    memory.set_ylabel("MiB")
-    memory.legend(fontsize=8)
-    memory.grid(alpha=0.3)
+    _log_axes(memory, "MiB")
     figure.suptitle(f"cost profile: {result.model} ({result.device}, {result.dtype})", fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _log_axes(axes: Any, ylabel: str) -> None:
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("context length (tokens)")
+    axes.set_ylabel(ylabel)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
