@@ -139,9 +139,12 @@ def aligned_outcome(
     pairs: Sequence[tuple[Tensor, Tensor, int]],
     floor: float,
     what: str,
+    index_name: str = "row",
 ) -> Outcome:
-    """Shape-changing comparison: each pair is (reference ``[n, V]``, test ``[n, V]``, row);
-    the threshold follows the FlashAttention rule (``k * floor + arithmetic floor``)."""
+    """Shape-changing comparison: each pair is (reference ``[n, V]``, test ``[n, V]``, index);
+    the threshold follows the FlashAttention rule (``k * floor + arithmetic floor``).
+    Failing positions are reported as ``[index, position]``; ``index_name`` says what the
+    index counts (batch rows, or packed sequences)."""
     pairs = [(ref, tst, row) for ref, tst, row in pairs if ref.shape[0]]
     if not pairs:
         return Outcome("pass", message="no real positions to compare")
@@ -163,7 +166,7 @@ def aligned_outcome(
         over = (flat > threshold).nonzero().flatten().tolist()
         outcome.positions = [where[i] for i in over]
         if outcome.status == "fail":
-            outcome.message = outcome.message.split(" at [row, position]")[0] + f" at [row, position] {outcome.positions[:8]}"
+            outcome.message = outcome.message.split(" at [row, position]")[0] + f" at [{index_name}, position] {outcome.positions[:8]}"
     return outcome
 
 

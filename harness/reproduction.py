@@ -88,7 +88,13 @@ class RecordingAdapter:
 
 def absolute_spec(spec: str) -> str | None:
     """The spec with an absolute path, or None for a model handed in as an object."""
-    if not spec or spec.startswith("<") or " " in spec:  # an object, or a relayout of one ("... as norm=...")
+    from .specs import SpecError, parse_spec
+
+    if not spec or " " in spec:  # a relayout ("... as norm=...") is no spec
+        return None
+    try:
+        parse_spec(spec)
+    except SpecError:  # "<object>", or a test id a pytest hook gave the model
         return None
     scheme, _, target = spec.partition(":")
     if scheme in ("hf", "ref") and ("/" in target or target.endswith(".safetensors")):

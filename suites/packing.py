@@ -112,7 +112,7 @@ def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> O
     for i, row in enumerate(packed.rows):
         alone = adapter.logits(Batch(row[None].to(adapter.capabilities.device)))  # [1, n, V]
         pairs.append((alone[0], logits[0, packed.span(i)], i))
-    return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone; [sequence, position]")
+    return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone", "sequence")
 
 
 def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
@@ -124,7 +124,7 @@ def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) ->
     ids, mask = ids.to(device), mask.to(device)
     padded = adapter.logits(Batch(ids, mask, positions_for(adapter, mask)))  # [S, L, V]
     pairs = [(padded[i, : row.numel()], logits[0, packed.span(i)], i) for i, row in enumerate(packed.rows)]
-    return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch; [sequence, position]")
+    return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch", "sequence")
 
 
 class PackingSuite(Suite):
