@@ -8,10 +8,13 @@ short names, which remain the names users type: ``--profile ci``, ``--maskcheck-
 
 How the knobs combine:
 
-- the profile sets how many cases each check draws (``max_examples``) and whether the
+- the profile sets how many cases each check draws and whether the
   ``@reproduce_failure`` blob is printed;
-- ``--examples N`` replaces the profile's ``max_examples``; a check with a small case
-  space draws fewer (its own cap);
+- ``--examples N`` replaces the profile's count; a check with a small case space draws
+  fewer (its own cap). Cases are drawn four to a Hypothesis example
+  (``harness.suite.CASES_PER_EXAMPLE``), which spreads Hypothesis's fixed cost per example
+  over four model calls: a check runs N rounded up to a multiple of four. A failing
+  example shrinks as usual and the first failing case in it is the one reported;
 - ``--seed S`` (default 0) seeds Hypothesis for every check, so every profile is
   derandomized: the same spec, seed and profile draw the same cases on every machine.
   Hypothesis's own ``derandomize`` flag is not used because it ignores the seed, and

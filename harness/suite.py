@@ -67,6 +67,10 @@ class Check:
     max_examples: int | None = None
 
 
+#: cases per Hypothesis example: its per-example cost (about 1 ms) is shared by this many cases
+CASES_PER_EXAMPLE = 4
+
+
 class ProbeError(Exception):
     """A probe that cannot run on a model (no tokenizer, no synthetic vocabulary ...); one line for the user."""
 
@@ -108,25 +112,29 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     evaluated = 0
     worst_seen: dict[str, Any] = {}
 
-    def prop(case: Any) -> None:
+    def prop(cases: list[Any]) -> None:
         nonlocal evaluated
-        if context.deadline is not None and time.monotonic() > context.deadline:
-            raise TimeLimitReached
-        outcome = check.evaluate(case)
-        evaluated += 1
-        key = (SEVERITY[outcome.status], outcome.ratio)
-        if not worst_seen or key > worst_seen["key"]:
-            worst_seen.update(key=key, case=case, outcome=outcome)
-        if outcome.status == "fail":
-            raise CaseFailed(case, outcome)
+        for case in cases:
+            if context.deadline is not None and time.monotonic() > context.deadline:
+                raise TimeLimitReached
+            outcome = check.evaluate(case)
+            evaluated += 1
+            key = (SEVERITY[outcome.status], outcome.ratio)
+            if not worst_seen or key > worst_seen["key"]:
+                worst_seen.update(key=key, case=case, outcome=outcome)
+            if outcome.status == "fail":
+                raise CaseFailed(case, outcome)
 
     examples = context.examples if check.max_examples is None else min(context.examples, check.max_examples)
+    per_example = CASES_PER_EXAMPLE if check.max_examples is None and examples >= CASES_PER_EXAMPLE else 1
+    strategy = st.lists(check.strategy, min_size=per_example, max_size=per_example)
+    examples = -(-examples // per_example)
     # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.
     phases = [Phase.generate]
     if context.shrink:
         phases.append(Phase.shrink)
     # The profile brings no deadline, no database and no health checks (harness/profiles.py).
-    test = settings(profile_settings(context.profile), max_examples=max(1, examples), phases=phases)(given(check.strategy)(prop))
+    test = settings(profile_settings(context.profile), max_examples=max(1, examples), phases=phases)(given(strategy)(prop))
     test = hypothesis_seed(context.seed)(test)
     try:
         test()
