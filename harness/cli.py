@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--threshold", type=float, default=0.9, help="accuracy that counts for effective length and reach (default: 0.9)")
     probe.add_argument("--min-accuracy", type=float, help="exit 1 if the overall accuracy is below this")
     probe.add_argument("--text", help="a text file to build haystacks from (models with a tokenizer; default: seeded pseudo-prose)")
+    probe.add_argument("--needle-template", help="models with a tokenizer: the needle (and item) text, with {key} and {value}")
+    probe.add_argument("--question-template", help="the question and answer prefix, with {key}")
+    probe.add_argument("--answer-template", help="the answer as it follows the prefix, with {value} (default: ' {value}')")
+    probe.add_argument("--generate", action="store_true", help="also decode every answer greedily and match the value as a string, for parity with published needle benchmarks")
     probe.add_argument("--report", dest="report_dir", default="maskcheck-report", help="where the JSON grid and the PNG go (default: maskcheck-report)")
     probe.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: run the weights under another mask, e.g. sliding_window=8, attention_sinks=4")
     probe.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -315,7 +319,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         adapter = load_adapter(args.spec, LoadOptions(device=args.device, dtype=args.dtype, overrides=_overrides(args.override)))
         text = Path(args.text).read_text() if args.text else None
         run, draw = load_probe(args.name)
-        kwargs: dict[str, Any] = {"seed": args.seed, "text": text, "progress": _probe_progress(args.name)}
+        kwargs: dict[str, Any] = {"seed": args.seed, "text": text, "progress": _probe_progress(args.name), "generate": args.generate, "templates": _templates(args)}
         if args.samples:
             kwargs["samples"] = args.samples
         if args.name == "needle":
@@ -336,6 +340,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.min_accuracy is not None and result.summary.get("accuracy", min(result.summary.get("accuracy_by_slot", [1.0]))) < args.min_accuracy:
         return 1
     return 0
+
+
+def _templates(args: argparse.Namespace) -> dict[str, str] | None:
+    """The template strings given on the command line (the probe builds its templates from them)."""
+    chosen = {"needle": args.needle_template, "item": args.needle_template, "question": args.question_template, "answer": args.answer_template}
+    return {k: v for k, v in chosen.items() if v} or None
 
 
 def _depths(text: str) -> list[float]:
@@ -371,6 +381,8 @@ def render_probe(result: Any) -> str:
         lines.append("acc   " + "  ".join(f"{a:>5.2f}" for a in s["accuracy_by_slot"]))
         lines.append(f"edge vs middle {s['edge_vs_middle']:.2f}; closed book {s['closed_book_accuracy']:.2f}; "
                      f"retrieval gain {s['mean_gain']:.2f} nats; {s['length']} tokens{'; ' + next(iter(s['flags'].values())) if s['flags'] else ''}")
+    if "generated_accuracy" in s:
+        lines.append(f"greedy generation matches the value in {s['generated_accuracy']:.1%} of prompts")
     return "\n".join(lines)
 
 

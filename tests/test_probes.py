@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.specs import LoadOptions, load_adapter
 from harness.suite import ProbeError
 from suites.probes import run_lost_in_the_middle, run_needle
-from suites.probes.haystacks import Sample, TextHaystack, word_list
+from suites.probes.haystacks import Sample, Templates, TextHaystack, word_list
 from suites.probes.scoring import greedy_answer, score
 from suites.probes.summaries import edge_vs_middle, effective_length, reach, wilson
 
@@ -166,3 +166,19 @@ def test_hf_directory_probe_uses_the_saved_tokenizer(hf_with_tokenizer, tmp_path
     adapter = load_adapter(f"hf:{tmp_path}", LoadOptions())
     assert adapter.capabilities.tokenizer is not None
     assert run_needle(adapter, lengths=[60], depths=[0.5], samples=1).summary["lengths"] == [60]
+
+
+def test_templates_and_generation_with_string_match(hf_with_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    templates = {"needle": "Remember: the code of {key} is {value}.", "question": "The code of {key} is"}
+    result = run_needle(hf_with_tokenizer, lengths=[64], depths=[0.5], samples=2, templates=templates, generate=True)
+    assert all("generated_match" in row for row in result.samples)
+    # Random weights: a string match implies the exact tokens were generated, which teacher forcing calls greedy.
+    assert all(row["is_greedy"] or not row["generated_match"] for row in result.samples)
+    assert 0.0 <= result.summary["generated_accuracy"] <= 1.0
+    haystack = TextHaystack(hf_with_tokenizer.capabilities.tokenizer, templates=Templates(**templates))
+    assert "Remember: the code of" in haystack.needle(64, 0.5, 0).meta["needle_text"]
+
+
+def test_shipped_model_generation_matches_teacher_forcing(shipped) -> None:  # type: ignore[no-untyped-def]
+    result = run_needle(shipped, lengths=[32], depths=[0.0, 1.0], samples=2, generate=True)
+    assert result.summary["generated_accuracy"] == result.summary["accuracy"] == 1.0

@@ -10,16 +10,20 @@ from typing import Any, Callable
 from harness.adapters.base import Adapter
 from harness.suite import ProbeError
 
-from .haystacks import SyntheticHaystack, TextHaystack
+from .haystacks import Sample, SyntheticHaystack, Templates, TextHaystack
+from .scoring import greedy_answer, score
 
 Progress = Callable[[int, int], None]  # (done, total)
 
 
-def haystack_for(adapter: Adapter, text: str | None = None) -> SyntheticHaystack | TextHaystack:
+def haystack_for(adapter: Adapter, text: str | None = None, templates: Templates | dict[str, str] | None = None) -> SyntheticHaystack | TextHaystack:
     """Text prompts for a model with a tokenizer; the synthetic retrieval language for a
-    reference model trained on it (its checkpoint records the vocabulary)."""
+    reference model trained on it (its checkpoint records the vocabulary). ``templates``
+    may be given as a dict of :class:`Templates` fields."""
+    if isinstance(templates, dict):
+        templates = Templates(**templates)
     if adapter.capabilities.tokenizer is not None:
-        return TextHaystack(adapter.capabilities.tokenizer, text)
+        return TextHaystack(adapter.capabilities.tokenizer, text, templates)
     record = adapter.checkpoint
     vocab = None if record is None else record.metadata.get("maskcheck.retrieval_vocab")
     if vocab:
@@ -79,3 +83,17 @@ class ProbeResult:
 
 def dump(value: Any) -> str:
     return json.dumps(value, default=str)
+
+
+def sample_row(adapter: Adapter, prompt: Sample, generate: bool, **fields: Any) -> dict[str, Any]:
+    """One sample's scores; with ``generate``, also whether real greedy decoding produces the
+    value (the string match of published needle benchmarks, for parity)."""
+    row = {**fields, "distance": prompt.distance, "tokens": len(prompt.prompt), **score(adapter, prompt).to_dict()}
+    if generate:
+        generated = greedy_answer(adapter, prompt.prompt, len(prompt.answer))
+        tokenizer = adapter.capabilities.tokenizer
+        if tokenizer is not None and "value" in prompt.meta:
+            row["generated_match"] = prompt.meta["value"] in tokenizer.decode(generated.tolist())
+        else:
+            row["generated_match"] = generated.tolist() == prompt.answer.tolist()
+    return row

@@ -219,7 +219,7 @@ class TextHaystack:
         closed_text = text[: chars[0]] + text[chars[1] + 1 :]
         closed = torch.tensor(self._encode(closed_text)[0])
         distractors = [self._answer_ids(self._key_value(rng)[1]) for _ in range(self.candidates)]
-        meta = {"depth": depth, "length": len(ids), "asked_length": length, "needle_text": needle, "needle_chars": chars, "text": text}
+        meta = {"depth": depth, "length": len(ids), "asked_length": length, "needle_text": needle, "needle_chars": chars, "text": text, "value": value}
         return Sample(torch.tensor(ids), closed, self._answer_ids(value), distractors, span, meta)
 
     def items(self, length: int, count: int, asked_slot: int, seed: int) -> Sample:
@@ -243,7 +243,7 @@ class TextHaystack:
         text, chars, ids, offsets = self._fit(length, build, rng)
         closed_text = text[: chars[0]] + text[chars[1] + 1 :]
         distractors = [self._answer_ids(v) for k, v in pairs if v != value][: self.candidates]
-        meta = {"slot": asked_slot, "length": len(ids), "needle_chars": chars}
+        meta = {"slot": asked_slot, "length": len(ids), "needle_chars": chars, "value": value}
         return Sample(torch.tensor(ids), torch.tensor(self._encode(closed_text)[0]), self._answer_ids(value), distractors, self._span(offsets, chars), meta)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from harness.adapters.base import Adapter
 
-from .common import ProbeResult, Progress, beyond, haystack_for
-from .scoring import score
+from .common import ProbeResult, Progress, beyond, haystack_for, sample_row
+from .haystacks import Templates
 from .summaries import cell, edge_vs_middle
 
 
@@ -27,8 +27,12 @@ def run_lost_in_the_middle(
     seed: int = 0,
     text: str | None = None,
     progress: Progress | None = None,
+    templates: Templates | dict[str, str] | None = None,
+    generate: bool = False,
 ) -> ProbeResult:
-    haystack = haystack_for(adapter, text)
+    """``templates`` change the item and question text (models with a tokenizer);
+    ``generate`` also decodes every answer for real and records ``generated_match``."""
+    haystack = haystack_for(adapter, text, templates)
     caps = adapter.capabilities
     length = length or caps.trained_length or min(caps.max_length or 512, 512)
     rows: list[dict[str, Any]] = []
@@ -37,8 +41,7 @@ def run_lost_in_the_middle(
         for i in range(samples):
             # The same seed per sample index: only the asked slot changes between slots.
             sample = haystack.items(length, items, slot, seed * 1_000_003 + i)
-            result = score(adapter, sample).to_dict()
-            rows.append({"slot": slot, "sample": i, "distance": sample.distance, "tokens": len(sample.prompt), **result})
+            rows.append(sample_row(adapter, sample, generate, slot=slot, sample=i))
             if progress:
                 progress(len(rows), total)
     grid = {str(slot): cell(sum(r["is_greedy"] for r in rows if r["slot"] == slot), samples) for slot in range(items)}
@@ -54,6 +57,8 @@ def run_lost_in_the_middle(
         "mean_gain": sum(r["gain"] for r in rows) / len(rows),
         "flags": {str(length): flag} if (flag := beyond(adapter, length)) else {},
     }
+    if generate:
+        summary["generated_accuracy"] = sum(r["generated_match"] for r in rows) / len(rows)
     return ProbeResult("lost-in-the-middle", adapter.spec, summary, grid, rows)
 
 

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 from harness.adapters.base import Adapter
 
-from .common import ProbeResult, Progress, beyond, default_lengths, haystack_for
-from .scoring import score
+from .common import ProbeResult, Progress, beyond, default_lengths, haystack_for, sample_row
+from .haystacks import Templates
 from .summaries import cell, effective_length, reach
 
 DEFAULT_DEPTHS = tuple(i / 10 for i in range(11))
@@ -31,8 +31,12 @@ def run_needle(
     threshold: float = 0.9,
     text: str | None = None,
     progress: Progress | None = None,
+    templates: Templates | dict[str, str] | None = None,
+    generate: bool = False,
 ) -> ProbeResult:
-    haystack = haystack_for(adapter, text)
+    """``templates`` change the needle, question and answer text (models with a tokenizer);
+    ``generate`` also decodes every answer for real and records ``generated_match``."""
+    haystack = haystack_for(adapter, text, templates)
     lengths = list(lengths or default_lengths(adapter))
     total, done = len(lengths) * len(depths) * samples, 0
     rows: list[dict[str, Any]] = []
@@ -40,8 +44,7 @@ def run_needle(
         for depth in depths:
             for i in range(samples):
                 sample = haystack.needle(length, depth, seed * 1_000_003 + length * 1009 + round(depth * 100) * 31 + i)
-                result = score(adapter, sample).to_dict()
-                rows.append({"length": length, "depth": depth, "sample": i, "distance": sample.distance, "tokens": len(sample.prompt), **result})
+                rows.append(sample_row(adapter, sample, generate, length=length, depth=depth, sample=i))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -67,6 +70,8 @@ def run_needle(
         "mean_gain": sum(r["gain"] for r in rows) / len(rows),
         "flags": {str(length): flag for length in lengths if (flag := beyond(adapter, length))},
     }
+    if generate:
+        summary["generated_accuracy"] = sum(r["generated_match"] for r in rows) / len(rows)
     return ProbeResult("needle", adapter.spec, summary, grid, rows)
 
 
