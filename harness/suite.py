@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import torch
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
@@ -117,7 +118,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
         for case in cases:
             if context.deadline is not None and time.monotonic() > context.deadline:
                 raise TimeLimitReached
-            outcome = check.evaluate(case)
+            with torch.inference_mode():  # the harness's own tensor work needs no autograd either
+                outcome = check.evaluate(case)
             evaluated += 1
             key = (SEVERITY[outcome.status], outcome.ratio)
             if not worst_seen or key > worst_seen["key"]:

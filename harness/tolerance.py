@@ -109,8 +109,9 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True) -> tup
     """
     if reference.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=reference.device), 1.0
-    finite = torch.isfinite(reference).all(-1) & torch.isfinite(test).all(-1)  # [N]
-    if bool(finite.all()) and torch.equal(reference, test):
+    delta = reference - test  # NaN or inf in either row leaves a non-finite delta in that row
+    finite = torch.isfinite(delta).all(-1)  # [N]
+    if not delta.any():
         diff = torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device)
     else:
         ref, tst = reference.double(), test.double()
