@@ -232,11 +232,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
         json_path = Path(args.json_path) if args.json_path and len(implementations) == 1 else None
         started = time.perf_counter()
 
-        def save_progress(event: str, suite: str, result: Any) -> None:
+        paths = ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else [])
+
+        def save_progress(event: str, suite: str, result: Any, paths: list[Path] = paths) -> None:
             # After every suite (and before the first) the reports on disk hold what finished.
             if event == "start" and not args.quiet:
                 print(f"  running {suite} ...", file=sys.stderr, flush=True)
-            for path in ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else []):
+            for path in paths:
                 write_json(path, result.to_dict())
 
         try:
@@ -290,8 +292,8 @@ def _split(text: str) -> list[str]:
 def cmd_effective_mask(args: argparse.Namespace) -> int:
     from .picture import draw_effective_mask
     from .registry import load_suite
-    from .suite import RunContext
     from .specs import LoadOptions, SpecError, load_adapter
+    from .suite import RunContext
     from .tolerance import tolerance_for
 
     _quiet_transformers()

@@ -126,11 +126,11 @@ def peak_memory(device: str) -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _timed(function: Callable[[], Any], device: str) -> tuple[float, Any]:
+def _timed(device: str, function: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     started = time.perf_counter()
-    out = function()
+    out = function(*args)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - started, out
@@ -146,17 +146,17 @@ def profile_length(adapter: Adapter, length: int, repeats: int, new_tokens: int,
     prefill, decode, no_cache = [], [], []
     state: Any = None
     for _ in range(repeats):
-        seconds, (logits, state) = _timed(lambda: adapter.prefill(batch), device)
+        seconds, (logits, state) = _timed(device, adapter.prefill, batch)
         prefill.append(seconds)
     token = logits[:, -1:].argmax(-1)  # [1, 1]
     kv_bytes = tensor_bytes(state, min_dim=4) / length
     for _ in range(new_tokens):
-        seconds, (logits, state) = _timed(lambda: adapter.step(state, token), device)
+        seconds, (logits, state) = _timed(device, adapter.step, state, token)
         decode.append(seconds)
         token = logits[:, -1:].argmax(-1)
     sequence = ids
     for _ in range(max(2, new_tokens // 4)):  # without a cache every token recomputes the prefix
-        seconds, logits = _timed(lambda: adapter.logits(Batch(sequence, torch.ones_like(sequence))), device)
+        seconds, logits = _timed(device, adapter.logits, Batch(sequence, torch.ones_like(sequence)))
         no_cache.append(seconds)
         sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
     return LengthCosts(

@@ -147,7 +147,14 @@ def _is_pretrained(model: Any) -> bool:
 
 
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from reference_models import SHIPPED, CheckpointError, PRESETS, Transformer, load_checkpoint, read_config
+    from reference_models import (
+        PRESETS,
+        SHIPPED,
+        CheckpointError,
+        Transformer,
+        load_checkpoint,
+        read_config,
+    )
 
     from .adapters.reference import checkpoint_record, trained_length
 
@@ -251,7 +258,12 @@ def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> 
 
 
 def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from .adapters.hf import HFAdapter, HFLoadError, load_hf_directory, load_hf_tokenizer
+    from .adapters.hf import (
+        HFAdapter,
+        HFLoadError,
+        load_hf_directory,
+        load_hf_tokenizer,
+    )
 
     try:
         model = load_hf_directory(

@@ -13,9 +13,9 @@ from .checkpoint import (
     weights_hash,
 )
 from .config import PRESETS, ModelConfig, preset
-from .shipped import SHIPPED
 from .memory import MemoryEstimate, estimate_memory, parameter_count
 from .model import IGNORE_INDEX, KVCache, ModelOutput, Transformer
+from .shipped import SHIPPED
 
 __all__ = [
     "IGNORE_INDEX",

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
-
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import Tensor
 
 from .config import ARCHITECTURE_FIELDS, ModelConfig
 from .model import Transformer

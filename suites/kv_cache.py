@@ -26,7 +26,16 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import RowBatches, aligned_outcome, concat, left_padding_caveat, pad_rows, random_ids, random_rows, verdict
+from harness.cases import (
+    RowBatches,
+    aligned_outcome,
+    concat,
+    left_padding_caveat,
+    pad_rows,
+    random_ids,
+    random_rows,
+    verdict,
+)
 from harness.suite import Check, Outcome, RunContext, Suite
 from harness.tolerance import compare_logits
 

@@ -20,7 +20,15 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import left_padding_caveat, pad_rows, pad_token, perturb, positions_for, random_ids, random_rows
+from harness.cases import (
+    left_padding_caveat,
+    pad_rows,
+    pad_token,
+    perturb,
+    positions_for,
+    random_ids,
+    random_rows,
+)
 from harness.suite import Check, Outcome, RunContext, Suite
 
 IGNORE = -100

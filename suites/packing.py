@@ -26,7 +26,17 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import aligned_outcome, concat, pad_rows, pad_token, perturb, positions_for, random_rows, repeat_floor, same_shape_outcome
+from harness.cases import (
+    aligned_outcome,
+    concat,
+    pad_rows,
+    pad_token,
+    perturb,
+    positions_for,
+    random_rows,
+    repeat_floor,
+    same_shape_outcome,
+)
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_SEGMENT = 6

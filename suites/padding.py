@@ -28,8 +28,8 @@ from harness.adapters.base import Adapter, Capabilities
 from harness.cases import (
     RowBatches,
     aligned_outcome,
-    left_padding_caveat,
     concat,
+    left_padding_caveat,
     perturb,
     real_logits,
     repeat_floor,

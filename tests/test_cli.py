@@ -128,9 +128,8 @@ def test_help_of_every_subcommand_is_complete(capsys) -> None:  # type: ignore[n
 
 
 def test_list_shows_every_suite_and_seeded_bug(capsys) -> None:  # type: ignore[no-untyped-def]
-    from reference_models.mutants import MUTANTS
-
     from harness.registry import suite_names
+    from reference_models.mutants import MUTANTS
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

@@ -18,7 +18,11 @@ from reference_models import (
     save_checkpoint,
 )
 from reference_models.layers import sinusoidal_table
-from reference_models.masks import check_padding_mask, positions_from_mask, positions_from_segments
+from reference_models.masks import (
+    check_padding_mask,
+    positions_from_mask,
+    positions_from_segments,
+)
 
 torch.manual_seed(0)
 

@@ -18,7 +18,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import Adapter, AdapterError, Batch, Capabilities, PackingSetting, call_model, positions_from_mask
+from .base import (
+    Adapter,
+    AdapterError,
+    Batch,
+    Capabilities,
+    PackingSetting,
+    call_model,
+    positions_from_mask,
+)
 
 Task = Literal["causal-lm", "masked-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")

@@ -15,7 +15,14 @@ from typing import Any, Sequence
 
 from harness.adapters.base import Adapter
 
-from .common import ProbeResult, Progress, beyond, default_lengths, haystack_for, sample_row
+from .common import (
+    ProbeResult,
+    Progress,
+    beyond,
+    default_lengths,
+    haystack_for,
+    sample_row,
+)
 from .haystacks import Templates
 from .summaries import cell, effective_length, reach
 
