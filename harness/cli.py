@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases")
     audit.add_argument("--profile", choices=["dev", "ci", "thorough"], help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)")
     audit.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN")
+    audit.add_argument("--probes", help="comma-separated long-context probes to run after the suites, with their defaults (needle, lost-in-the-middle)")
     audit.add_argument("--json", dest="json_path", help="write the JSON report here (updated after every suite)")
     audit.add_argument(
         "--report",
@@ -261,6 +262,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 examples=option("examples", "examples", None),
                 timeout=option("timeout", "timeout", None),
                 known_findings=config.get("known_findings", ()),
+                probes=_split(args.probes) if args.probes else (),
                 progress=save_progress,
                 report_dir=report_dir,
                 bundle_dir=bundle_dir,
@@ -276,6 +278,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
         reports.append(result.to_dict())
         if report_dir:
+            write_json(Path(report_dir) / "report.json", result.to_dict())  # with the probes, which run after the last suite
             write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
             print(f"report: {report_dir}/report.json, {report_dir}/report.md")
         worst_exit = max(worst_exit, result.exit_code)

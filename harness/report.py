@@ -46,6 +46,13 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     for suite in result.suites:
         if suite.reproduction:
             lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
+    for probe in result.probes:
+        summary = probe["summary"]
+        if "error" in summary:
+            lines.append(f"  probe {probe['name']}: {summary['error']}")
+        else:
+            measured = {k: summary[k] for k in ("accuracy", "effective_length", "reach", "edge_vs_middle", "closed_book_accuracy") if k in summary}
+            lines.append(f"  probe {probe['name']}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()) + (f"; picture {probe['picture']}" if probe.get("picture") else ""))
     lines.append(f"verdict: {STATUS_MARK[result.status]} in {seconds:.1f}s (exit {result.exit_code})")
     return "\n".join(lines)
 
@@ -83,6 +90,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += [f"- positions [row, position]: {check.positions[:16]}"]
         if check.case:
             lines += [f"- case: `{check.case}`"]
+        lines.append("")
+    for probe in report.get("probes", []):
+        lines += [f"## Probe: {probe['name']}", "", "| measure | value |", "|---|---|"]
+        lines += [f"| {key} | {value} |" for key, value in probe["summary"].items() if not isinstance(value, (dict, list))]
+        if probe.get("picture"):
+            lines += ["", f"![{probe['name']}]({os.path.basename(probe['picture'])})"]
         lines.append("")
     for suite in report["suites"]:
         if suite.get("picture"):

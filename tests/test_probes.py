@@ -182,3 +182,11 @@ def test_templates_and_generation_with_string_match(hf_with_tokenizer) -> None: 
 def test_shipped_model_generation_matches_teacher_forcing(shipped) -> None:  # type: ignore[no-untyped-def]
     result = run_needle(shipped, lengths=[32], depths=[0.0, 1.0], samples=2, generate=True)
     assert result.summary["generated_accuracy"] == result.summary["accuracy"] == 1.0
+
+
+def test_cli_audit_runs_probes_after_the_suites(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["audit", "ref:kv-retrieval", "--suites", "causal", "--probes", "needle", "--report", str(tmp_path), "-q"]) == 0
+    assert "probe needle: accuracy" in capsys.readouterr().out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["probes"][0]["name"] == "needle" and Path(report["probes"][0]["grid"]).is_file()
+    assert "## Probe: needle" in (tmp_path / "report.md").read_text()
