@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -80,9 +79,6 @@ class ProbeResult:
         self.grid_path = str(grid_path)
         self.picture = str(draw(self, directory / f"{stem}.png"))
 
-
-def dump(value: Any) -> str:
-    return json.dumps(value, default=str)
 
 
 def sample_row(adapter: Adapter, prompt: Sample, generate: bool, **fields: Any) -> dict[str, Any]:
