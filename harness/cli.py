@@ -222,6 +222,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return value if value is not None else config.get(key, default)
 
     suites = _split(args.suites) if args.suites else config.get("suites")
+    live = sys.stderr.isatty()
     implementations = (_split(args.attn_implementation) if args.attn_implementation else config.get("attn_implementation")) or [None]
     report_root = option("report_dir", "report", None)
     worst_exit = 0
@@ -236,9 +237,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
         paths = ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else [])
 
         def save_progress(event: str, suite: str, result: Any, paths: list[Path] = paths) -> None:
-            # After every suite (and before the first) the reports on disk hold what finished.
+            if event == "case":
+                # A live line on a terminal only; logs get one line per suite.
+                if live and not args.quiet:
+                    print(f"\r  running {suite:<60}", end="", file=sys.stderr, flush=True)
+                return
+            if live and not args.quiet:
+                print("\r" + " " * 72 + "\r", end="", file=sys.stderr, flush=True)  # clear the live line
             if event == "start" and not args.quiet:
                 print(f"  running {suite} ...", file=sys.stderr, flush=True)
+            # After every suite (and before the first) the reports on disk hold what finished.
             for path in paths:
                 write_json(path, result.to_dict())
 

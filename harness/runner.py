@@ -27,8 +27,9 @@ from .verdict import FAILING, CheckResult, SuiteResult, worst
 
 SCHEMA_VERSION = 1
 
-#: called as progress("start", suite name, result so far) before each suite and
-#: progress("done", suite name, result so far) after it
+#: called as progress("start", suite name, result so far) before each suite,
+#: progress("case", "suite/check done/planned", result so far) after each case, and
+#: progress("done", suite name, result so far) after the suite
 ProgressCallback = Callable[[str, str, "AuditResult"], None]
 
 
@@ -149,7 +150,11 @@ def audit(
     for name, suite in loaded:
         if progress:
             progress("start", name, result)
-        suite_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout)
+        def on_case(check: str, done: int, planned: int, suite: str = name) -> None:
+            if progress:
+                progress("case", f"{suite}/{check} {done}/{planned}", result)
+
+        suite_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_case)
         suite_result = run_suite(suite, adapter, suite_context)
         apply_known_findings(adapter.spec, [suite_result], known_findings)
         result.suites.append(suite_result)

@@ -38,6 +38,7 @@ class RunContext:
     shrink: bool = True
     profile: str = "dev"
     deadline: float | None = None  # time.monotonic() after which no new case starts
+    on_case: Callable[[str, int, int], None] | None = None  # (check, cases done, cases planned), for a progress display
 
 
 @dataclass
@@ -121,6 +122,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
             with torch.inference_mode():  # the harness's own tensor work needs no autograd either
                 outcome = check.evaluate(case)
             evaluated += 1
+            if context.on_case is not None:
+                context.on_case(check.name, evaluated, planned)
             key = (SEVERITY[outcome.status], outcome.ratio)
             if not worst_seen or key > worst_seen["key"]:
                 worst_seen.update(key=key, case=case, outcome=outcome)
@@ -131,6 +134,7 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     per_example = CASES_PER_EXAMPLE if check.max_examples is None and examples >= CASES_PER_EXAMPLE else 1
     strategy = st.lists(check.strategy, min_size=per_example, max_size=per_example)
     examples = -(-examples // per_example)
+    planned = examples * per_example
     # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.
     phases = [Phase.generate]
     if context.shrink:
