@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
         lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, 200)}")
         if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
             lines.append(f"    shrunk case: {c.case}")
+        if c.hypothesis_blob:  # for the curious: replay uses the bundle, which survives Hypothesis upgrades
+            blob = re.search(r"@reproduce_failure\([^)]*\)", c.hypothesis_blob)
+            lines.append(f"    hypothesis: {blob.group(0) if blob else c.hypothesis_blob.strip()}")
     for suite in result.suites:
         if suite.reproduction:
             lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")

@@ -149,7 +149,7 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
         blob = next((note.strip() for note in getattr(failure, "__notes__", []) if "@reproduce_failure" in note), None)
         if blob:
             o.detail["hypothesis_blob"] = blob
-        result = CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case))
+        result = CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case), blob)
         return result, evaluated, failure
     except AdapterError as exc:
         return CheckResult(check.name, "error", str(exc)), evaluated, None

@@ -27,6 +27,7 @@ class CheckResult:
     threshold: float | None = None
     positions: list[list[int]] = field(default_factory=list)  # [row, position] pairs that changed
     case: dict[str, Any] | None = None  # the (shrunk) case that showed it
+    hypothesis_blob: str | None = None  # Hypothesis's @reproduce_failure line (ci/thorough); not stable across versions
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
