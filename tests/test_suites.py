@@ -120,11 +120,12 @@ def test_nan_at_a_compared_position_fails() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(20))
 def test_no_false_positives_across_seeds(seed: int) -> None:
-    for preset in ("tiny-decoder-gqa", "tiny-decoder-sliding", "tiny-encoder", "tiny-encoder-decoder-rotary"):
-        result = audit(f"ref:{preset}", MASK_SUITES, seed=seed)
+    suites = [*MASK_SUITES, "packing", "kv_cache"]
+    for preset in ("tiny-decoder-gqa", "tiny-decoder-mqa-alibi", "tiny-decoder-sliding", "tiny-encoder", "tiny-encoder-decoder-rotary"):
+        result = audit(f"ref:{preset}", suites, seed=seed)
         assert not failures(result), (preset, failures(result))
-    for name in ("llama", "mistral", "bert", "t5"):
-        result = audit(HFAdapter(tiny_model(name, "sdpa")), MASK_SUITES, seed=seed)
+    for name in ("llama", "mistral", "gpt2", "bert", "t5"):
+        result = audit(HFAdapter(tiny_model(name, "sdpa")), suites, seed=seed)
         assert not failures(result), (name, failures(result))
 
 
