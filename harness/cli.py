@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maskcheck",
         description="Verify the masking and caching correctness of a Transformer.",
-        epilog="Specs: ref:PRESET, ref:PATH.safetensors, mutant:NAME, hf:DIR, module:pkg.mod:factory. "
+        epilog="Specs: ref:PRESET, ref:PATH.safetensors, ref:kv-retrieval, mutant:NAME, hf:DIR, module:pkg.mod:factory. "
         "Run 'maskcheck list' for presets, seeded bugs and suites.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
 
-    sub.add_parser("list", help="list suites, reference presets and seeded bugs", description="List suites, reference presets and seeded bugs.")
+    sub.add_parser("list", help="list suites, probes, reference presets, shipped checkpoints and seeded bugs", description="List suites, probes, reference presets, shipped checkpoints and seeded bugs.")
 
     probe = sub.add_parser(
         "probe",
