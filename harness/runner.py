@@ -22,7 +22,7 @@ from .registry import UnknownSuiteError, load_probe, load_suite, suite_names
 from .reproduction import FailedCheck, write_bundle
 from .specs import LoadOptions, adapter_for, load_adapter
 from .suite import Check, ProbeError, RunContext, run_check
-from .tolerance import tolerance_for
+from .tolerance import measure_reference_error, tolerance_for
 from .verdict import FAILING, CheckResult, SuiteResult, worst
 
 SCHEMA_VERSION = 1
@@ -137,8 +137,12 @@ def audit(
     names = list(suites) if suites else suite_names()
     loaded = [(name, load_suite(name)) for name in names]  # unknown names fail before any work
     check_profile(profile)
+    tolerance = tolerance_for(adapter.capabilities.device, adapter.capabilities.dtype, tolerance_overrides)
+    reference_error = measure_reference_error(adapter)
+    if reference_error is not None:
+        tolerance = replace(tolerance, reference_error=reference_error)
     context = RunContext(
-        tolerance=tolerance_for(adapter.capabilities.device, adapter.capabilities.dtype, tolerance_overrides),
+        tolerance=tolerance,
         dtype=adapter.capabilities.dtype,
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
@@ -147,6 +151,7 @@ def audit(
         bundle_dir=Path(bundle_dir) if bundle_dir is not None else (Path(report_dir) if report_dir is not None else None),
     )
     result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded])
+    result.environment["float32_reference_error"] = reference_error
     for name, suite in loaded:
         if progress:
             progress("start", name, result)

@@ -41,6 +41,7 @@ defaults are doubled for TF32-free kernel differences until a GPU run measures t
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,12 +56,16 @@ class Tolerance:
     same_shape_ulps: float
     shape_change_k: float
     shape_change_ulps: float
+    # Low precision only: how far this model's log-probabilities lie from its float32 twin's,
+    # in units of eps * scale (FlashAttention's err_ref), measured by the audit itself.
+    reference_error: float = 0.0
 
     def same_shape(self, floor: float, dtype: str, scale: float) -> float:
         return 2.0 * floor + self.same_shape_ulps * EPS[dtype] * scale
 
     def shape_change(self, floor: float, dtype: str, scale: float) -> float:
-        return self.shape_change_k * floor + self.shape_change_ulps * EPS[dtype] * scale
+        # Two low-precision computations, each within err_ref of the float32 result, may differ by twice it.
+        return self.shape_change_k * floor + (self.shape_change_ulps + 2.0 * self.reference_error) * EPS[dtype] * scale
 
 
 # (device type, dtype) -> defaults; "*" matches any device. Override per key in
@@ -154,3 +159,32 @@ def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bo
 
 def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def measure_reference_error(adapter: Any) -> float | None:
+    """FlashAttention's reference error for a low-precision model: max |log p - log p_float32|
+    against a float32 twin of the same weights on one random batch, in units of eps * scale.
+
+    None when the model runs in float32, cannot be copied (not an ``nn.Module``, or a model
+    sharded by accelerate), or its float32 twin does not fit in memory.
+    """
+    from .adapters.base import Batch
+    from .specs import adapter_for
+
+    caps = adapter.capabilities
+    model = getattr(adapter, "model", None)
+    if caps.dtype not in LOW_PRECISION or not isinstance(model, torch.nn.Module) or getattr(model, "hf_device_map", None):
+        return None
+    try:
+        twin = adapter_for(copy.deepcopy(model).float())
+    except (torch.OutOfMemoryError, RuntimeError, TypeError):
+        return None
+    generator = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, caps.vocab_size, (4, 12), generator=generator).to(caps.device)
+    batch = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids if caps.family == "encoder_decoder" else None)
+    comparison = compare_logits(twin.logits(batch), adapter.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool))
+    del twin
+    return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)

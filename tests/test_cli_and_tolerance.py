@@ -120,3 +120,18 @@ def test_tolerance_from_pyproject_reaches_the_audit(tmp_path, monkeypatch, capsy
     (tmp_path / "pyproject.toml").write_text("[tool.maskcheck]\ntolerance = 3\n")
     assert main(["audit", "ref:tiny-decoder", "-q"]) == 2
     assert "tolerance has the wrong type" in capsys.readouterr().err
+
+
+def test_low_precision_audits_measure_their_float32_reference_error() -> None:
+    """FlashAttention's rule, per audit: a bf16 model is compared with its float32 twin once,
+    and twice that error joins the shape-changing threshold."""
+    from harness import LoadOptions, audit
+    from harness.tolerance import EPS, Tolerance
+
+    result = audit("ref:tiny-decoder", ["padding"], options=LoadOptions(dtype="bfloat16"))
+    error = result.environment["float32_reference_error"]
+    assert error is not None and 0 < error < 8  # a fraction of bf16's eps * scale for this model
+    assert result.suite("padding").status == "pass"
+    assert audit("ref:tiny-decoder", ["causal"]).environment["float32_reference_error"] is None
+    with_error = Tolerance(same_shape_ulps=2, shape_change_k=4, shape_change_ulps=8, reference_error=3.0)
+    assert with_error.shape_change(0.0, "bfloat16", 1.0) == pytest.approx((8 + 2 * 3.0) * EPS["bfloat16"])
