@@ -172,7 +172,7 @@ def aligned_outcome(
 
 def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:
     """The difference between the two copies of a batch run twice in one forward (``[2B, T, V]``)."""
-    return compare_logits(logits[:size], logits[size : 2 * size], where).max_diff
+    return compare_logits(logits[:size], logits[size : 2 * size], where, with_scale=False).max_diff
 
 
 POSITION_CAVEAT = (

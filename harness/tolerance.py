@@ -104,10 +104,11 @@ class Comparison:
         return [[int(b), int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
 
 
-def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True) -> tuple[Tensor, float]:
+def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True) -> tuple[Tensor, float]:
     """Per-row max |difference| between ``[N, V]`` rows of float64 log-softmax (``normalise=False``:
     of the values as given), ``inf`` where either row holds NaN or inf; and the scale, the largest
-    compared logit or log-probability magnitude (at least 1).
+    compared logit or log-probability magnitude (at least 1; 1 when ``with_scale`` is off,
+    for a noise floor, which needs no threshold).
 
     Bitwise-equal finite rows (every same-shape check of a correct model, and every repeat
     floor) skip the float64 pass: with a 50k vocabulary that pass is most of a check's cost.
@@ -124,7 +125,7 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True) -> tup
             ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
         diff = (ref - tst).abs().amax(-1)  # [N]
         diff = torch.where(finite, diff, torch.full_like(diff, float("inf")))
-    return diff, _scale(reference[finite], normalise)
+    return diff, (_scale(reference[finite], normalise) if with_scale else 1.0)
 
 
 def _scale(rows: Tensor, normalise: bool) -> float:
@@ -137,7 +138,7 @@ def _scale(rows: Tensor, normalise: bool) -> float:
     return max(1.0, largest)
 
 
-def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True) -> Comparison:
+def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True) -> Comparison:
     """Compare ``[B, T, V]`` logits at the positions where ``where [B, T]`` is True.
 
     Differences of float64 log-softmax (``normalise=False``: of the values as given, for
@@ -148,7 +149,7 @@ def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bo
     where = where.bool().to(reference.device)
     idx = where.nonzero(as_tuple=True)
     per_position = torch.zeros(where.shape, dtype=torch.float64, device=reference.device)
-    diff, scale = compare_rows(reference[idx], test[idx], normalise)  # [N]
+    diff, scale = compare_rows(reference[idx], test[idx], normalise, with_scale)  # [N]
     if diff.numel() == 0:
         return Comparison(0.0, 1.0, per_position, [])
     per_position[idx] = diff

@@ -34,6 +34,7 @@ from harness.cases import (
     pad_rows,
     random_ids,
     random_rows,
+    repeat_floor,
     verdict,
 )
 from harness.suite import Check, Outcome, RunContext, Suite
@@ -152,7 +153,7 @@ class KVCacheSuite(Suite):
         logits = b.adapter.logits(concat([full, full]))  # [2B, T, V]: the copy gives the floor
         size = full.size
         where = mask.bool()
-        floor = compare_logits(logits[:size], logits[size:], where).max_diff
+        floor = repeat_floor(logits, size, where)
 
         incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
         pieces, start, spans = [incremental], prompt, []
@@ -177,7 +178,7 @@ class KVCacheSuite(Suite):
         batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
         tokens, logits = greedy(b.adapter, concat([batch, batch]), case.new_tokens)  # the copy gives the floor
         size = batch.size
-        floor = compare_logits(logits[:size], logits[size:], torch.ones(size, case.new_tokens, dtype=torch.bool)).max_diff
+        floor = repeat_floor(logits, size, torch.ones(size, case.new_tokens, dtype=torch.bool))
         pairs, diverged = [], []
         for i, row in enumerate(rows):
             alone_tokens, alone_logits = greedy(b.adapter, b.left_padded([row], row.numel(), case.source_padding, first_row=i), case.new_tokens)
