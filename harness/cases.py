@@ -123,7 +123,7 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
     if comparison.max_diff > threshold:
         message = (
             f"{what}: max |d log p| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
-            f"(noise floor {floor:.3g}) at [row, position] {positions[:8]}"
+            f"(noise floor {floor:.3g}) at [{comparison.index_name}, position] {positions[:8]}"
         )
         return Outcome("fail", comparison.max_diff, floor, threshold, positions, message)
     return Outcome("pass", comparison.max_diff, floor, threshold, [], "")
@@ -150,24 +150,17 @@ def aligned_outcome(
         return Outcome("pass", message="no real positions to compare")
     device = pairs[0][0].device
     diff, scale = compare_rows(torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]))  # [N]
-    # [row, position] of every compared logit, in the order of the concatenation
-    where = [[row, t] for ref, _, row in pairs for t in range(ref.shape[0])]
-    per_position = torch.zeros(len(pairs), max(ref.shape[0] for ref, _, _ in pairs), dtype=torch.float64)
+    per_position = torch.zeros(len(pairs), max(ref.shape[0] for ref, _, _ in pairs), dtype=torch.float64)  # [P, L]
     flat = diff.cpu()
     offset = 0
     for i, (ref, _, _) in enumerate(pairs):
         per_position[i, : ref.shape[0]] = flat[offset : offset + ref.shape[0]]
         offset += ref.shape[0]
-    nonfinite = [where[i] for i in torch.isinf(flat).nonzero().flatten().tolist()]
-    comparison = Comparison(float(flat.max()), scale, per_position, nonfinite)
+    rows = [row for _, _, row in pairs]
+    nonfinite = [[rows[b], t] for b, t in torch.isinf(per_position).nonzero().tolist()]
+    comparison = Comparison(float(flat.max()), scale, per_position, nonfinite, rows, index_name)
     threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
-    outcome = verdict(comparison, floor, threshold, what)
-    if not nonfinite:
-        over = (flat > threshold).nonzero().flatten().tolist()
-        outcome.positions = [where[i] for i in over]
-        if outcome.status == "fail":
-            outcome.message = outcome.message.split(" at [row, position]")[0] + f" at [{index_name}, position] {outcome.positions[:8]}"
-    return outcome
+    return verdict(comparison, floor, threshold, what)
 
 
 def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:

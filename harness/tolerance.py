@@ -99,9 +99,12 @@ class Comparison:
     scale: float
     per_position: Tensor  # [B, T] float64, max over the vocabulary (0 where not compared)
     nonfinite: list[list[int]]  # [row, position] pairs with NaN/inf in the tested logits
+    rows: list[int] | None = None  # the label of each row of per_position, when not its index
+    index_name: str = "row"  # what the row labels count (batch rows, packed sequences)
 
     def positions_over(self, threshold: float) -> list[list[int]]:
-        return [[int(b), int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
+        labels = self.rows or range(self.per_position.shape[0])
+        return [[labels[b], int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
 
 
 def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True) -> tuple[Tensor, float]:
