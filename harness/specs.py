@@ -190,11 +190,9 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 def _reference_pickle(target: str, options: LoadOptions) -> Any:
     """A reference model from a torch.save'd ``{"config": {...}, "state_dict": {...}}``, only with --allow-pickle."""
-    import pickle
-
-    import torch
-
     from reference_models import ModelConfig, Transformer
+
+    from .adapters.base import PickleRefused, load_tensors_only
 
     if not options.allow_pickle:
         raise SpecError(
@@ -204,9 +202,9 @@ def _reference_pickle(target: str, options: LoadOptions) -> Any:
     if not Path(target).is_file():
         raise SpecError(f"no checkpoint file at {target}")
     try:
-        data = torch.load(target, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
-        raise SpecError(f"{target}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
+        data = load_tensors_only(target)
+    except PickleRefused as exc:
+        raise SpecError(str(exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or not isinstance(data.get("state_dict"), dict):
         raise SpecError(f"{target} is not a reference checkpoint (expected a dict with 'config' and 'state_dict')")
     try:

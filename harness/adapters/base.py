@@ -108,6 +108,21 @@ class Batch:
         return self.attention_mask if self.decoder_input_ids is None else self.decoder_attention_mask
 
 
+class PickleRefused(Exception):
+    """A pickle file that ``torch.load(weights_only=True)`` would not restore as plain data."""
+
+
+def load_tensors_only(path: Any) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU: tensors and plain containers only;
+    anything that would run code on unpickling is a :class:`PickleRefused` with one line."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        raise PickleRefused(f"{path}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
+
+
 OUT_OF_MEMORY = "out of memory: lower the batch size or sequence length (--examples, the dev profile, or --dtype bfloat16)"
 
 

@@ -24,7 +24,9 @@ from .base import (
     Batch,
     Capabilities,
     PackingSetting,
+    PickleRefused,
     call_model,
+    load_tensors_only,
     positions_from_mask,
 )
 
@@ -167,14 +169,12 @@ def load_hf_tokenizer(directory: str | Path, trust_remote_code: bool = False) ->
 
 def _from_pickles(auto_class: Any, config: Any, files: list[Path], kwargs: dict[str, Any]) -> Any:
     """A model from its config, its weights read with ``torch.load(weights_only=True)``."""
-    import pickle
-
     state: dict[str, Any] = {}
     for file in files:
         try:
-            loaded = torch.load(file, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
-            raise HFLoadError(f"{file}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
+            loaded = load_tensors_only(file)
+        except PickleRefused as exc:
+            raise HFLoadError(str(exc)) from None
         if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
             raise HFLoadError(f"{file} is not a state dict of tensors")
         state.update(loaded)
