@@ -110,14 +110,13 @@ def weights_hash(spec: str | None) -> str | None:
     path = Path(target)
     if scheme not in ("hf", "ref") or not path.exists():
         return None
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(file.name.encode())
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    from reference_models import weights_hash as file_hash
+
+    if not path.is_dir():
+        return file_hash(path)
+    # A sharded directory: one digest over each weight file's name and digest.
+    listing = "".join(f"{file.name}:{file_hash(file)}\n" for file in sorted(path.glob("*.safetensors")))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 # -- cases as plain data ----------------------------------------------------------------------
