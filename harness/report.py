@@ -42,14 +42,8 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
     for suite_name, c in failing[:8]:
         lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, 200)}")
-        if c.case and set(c.case) - {"seed"}:  # a case that is only a seed has no structure to show
-            lines.append(f"    shrunk case: {c.case}")
-        if c.hypothesis_blob:  # for the curious: replay uses the bundle, which survives Hypothesis upgrades
-            blob = re.search(r"@reproduce_failure\([^)]*\)", c.hypothesis_blob)
-            lines.append(f"    hypothesis: {blob.group(0) if blob else c.hypothesis_blob.strip()}")
-    for suite in result.suites:
-        if suite.reproduction:
-            lines.append(f"  reproduction of {suite.name}: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
+        lines += case_lines(c)
+    lines += [f"  reproduction of {suite.name}: {how_to_reproduce(suite.reproduction)}" for suite in result.suites if suite.reproduction]
     for probe in result.probes:
         summary = probe["summary"]
         if "error" in summary:
@@ -59,6 +53,21 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
             lines.append(f"  probe {probe['name']}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()) + (f"; picture {probe['picture']}" if probe.get("picture") else ""))
     lines.append(f"verdict: {STATUS_MARK[result.status]} in {seconds:.1f}s (exit {result.exit_code})")
     return "\n".join(lines)
+
+
+def case_lines(check: Any, indent: str = "    ") -> list[str]:
+    """The shrunk case of a check and, under ci/thorough, Hypothesis's @reproduce_failure line."""
+    lines = []
+    if check.case and set(check.case) - {"seed"}:  # a case that is only a seed has no structure to show
+        lines.append(f"{indent}shrunk case: {check.case}")
+    if check.hypothesis_blob:  # for the curious: replay uses the bundle, which survives Hypothesis upgrades
+        blob = re.search(r"@reproduce_failure\([^)]*\)", check.hypothesis_blob)
+        lines.append(f"{indent}hypothesis: {blob.group(0) if blob else check.hypothesis_blob.strip()}")
+    return lines
+
+
+def how_to_reproduce(bundle: str) -> str:
+    return f"pytest {bundle}   (or: maskcheck replay {bundle})"
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -136,17 +136,16 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
 
 
 def verdict_text(result: Any) -> str:
-    from .report import STATUS_MARK
+    from .report import STATUS_MARK, case_lines, how_to_reproduce
 
     suite = result.suites[0]
     lines = [f"maskcheck {suite.name} on {result.model}: {STATUS_MARK[suite.status]}"]
     for check in suite.checks:
         if check.status not in ("pass", "not_applicable"):
             lines.append(f"  {check.name}: {STATUS_MARK[check.status]}: {check.message}")
-            if check.case and set(check.case) - {"seed"}:
-                lines.append(f"    shrunk case: {check.case}")
+            lines += case_lines(check)
     if suite.reproduction:
-        lines.append(f"  reproduction: pytest {suite.reproduction}   (or: maskcheck replay {suite.reproduction})")
+        lines.append(f"  reproduction: {how_to_reproduce(suite.reproduction)}")
     return "\n".join(lines)
 
 
