@@ -108,6 +108,16 @@ def same_shape_outcome(
     return verdict(comparison, floor, threshold, what)
 
 
+def shape_change_outcome(
+    context: RunContext, reference: Tensor, test: Tensor, where: Tensor, floor: float, what: str, normalise: bool = True
+) -> Outcome:
+    """``[B, T, V]`` logits computed two ways (cached vs full, saved vs loaded) compared at
+    ``where [B, T]`` under the shape-changing rule; ``normalise=False`` for saved log-probabilities."""
+    comparison = compare_logits(reference, test, where, normalise)
+    threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
+    return verdict(comparison, floor, threshold, what)
+
+
 def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -> Outcome:
     """Turn a comparison into pass/fail with a message that prints measured, floor and threshold."""
     if comparison.nonfinite:

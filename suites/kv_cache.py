@@ -35,10 +35,9 @@ from harness.cases import (
     random_ids,
     random_rows,
     repeat_floor,
-    verdict,
+    shape_change_outcome,
 )
 from harness.suite import Check, Outcome, RunContext, Suite
-from harness.tolerance import compare_logits
 
 MAX_CHUNK = 4
 MAX_CHUNKS = 4
@@ -163,10 +162,9 @@ class KVCacheSuite(Suite):
             spans.append((start, n))
             start += n
         cached = torch.cat(pieces, dim=1)  # [B, T, V]
-        comparison = compare_logits(logits[:size], cached, where)
-        threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
         chunks = " + ".join(str(n) for n in case.chunks)
-        outcome = verdict(comparison, floor, threshold, f"cached decoding (prefill {prompt}, then steps of {chunks}) differs from the full forward")
+        what = f"cached decoding (prefill {prompt}, then steps of {chunks}) differs from the full forward"
+        outcome = shape_change_outcome(context, logits[:size], cached, where, floor, what)
         if outcome.status == "fail" and outcome.positions:
             first = min(t for _, t in outcome.positions)
             where_first = "the prefill" if first < prompt else next(f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n)
