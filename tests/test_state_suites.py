@@ -7,6 +7,7 @@ small models (pre-norm and post-norm) so that the weights carry signal.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -142,7 +143,7 @@ TRAINED = {
 
 
 @pytest.fixture(scope="session")
-def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A pre-norm and a post-norm decoder, trained to continue recurring spans (about 12 s each).
 
     Each model is trained once per test run: pytest-xdist workers share the directory above
@@ -151,6 +152,8 @@ def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory, worker_id: str
     """
     from filelock import FileLock
 
+    # Read from the environment, not the worker_id fixture, so the tests also run without pytest-xdist.
+    worker_id = os.environ.get("PYTEST_XDIST_WORKER", "master")
     shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
     layouts = list(TRAINED)
     start = int(worker_id.removeprefix("gw")) % len(layouts) if worker_id != "master" else 0
