@@ -4,8 +4,9 @@ Runs every check of the mask, packing and kv_cache suites on clean models (refer
 Hugging Face models, eager and sdpa) in float32, bfloat16 and float16 on this CPU, and
 prints the largest difference of each kind in units of ``eps(dtype) * scale``: the
 numbers the ``*_ulps`` defaults must stay well above. For bfloat16 and float16 it also
-prints FlashAttention's reference error (``vs_float32``): how far the low-precision model
-lies from the same model in float32 on one batch. A shape-changing comparison puts two
+prints FlashAttention's reference error (``vs_float32``), as every low-precision audit
+measures it (harness.tolerance.measure_reference_error): the low-precision model against
+a float32 copy of the same weights on one batch. A shape-changing comparison puts two
 low-precision computations side by side, each within that error of the float32 result,
 so the shape-changing threshold must stay above twice it. Clean models only: any
 difference measured here is floating-point noise, not a leak.
@@ -16,12 +17,10 @@ difference measured here is floating-point noise, not a leak.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,11 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
-from harness.adapters.base import Batch  # noqa: E402
 from harness.registry import load_suite  # noqa: E402
 from harness.specs import adapter_for  # noqa: E402
 from harness.suite import Check, RunContext  # noqa: E402
-from harness.tolerance import Tolerance  # noqa: E402
+from harness.tolerance import Tolerance, measure_reference_error  # noqa: E402
 from reference_models import PRESETS, Transformer  # noqa: E402
 from reference_models.hf_tiny import TINY_CONFIGS, tiny_model  # noqa: E402
 
@@ -55,28 +53,12 @@ NOT_NOISE = {"declared_pattern", "positions_from_mask", "settings", "metadata", 
 
 
 def models(dtype: torch.dtype):  # type: ignore[no-untyped-def]
-    """(spec, the model in ``dtype``, the same model in float32)."""
     for name, config in PRESETS.items():
         torch.manual_seed(0)
-        model = Transformer(config)
-        yield f"ref:{name}", copy.deepcopy(model).to(dtype), model
+        yield f"ref:{name}", Transformer(config).to(dtype)
     for name in TINY_CONFIGS:
         for implementation in ("eager", "sdpa"):
-            model = tiny_model(name, implementation)
-            yield f"hf:{name}/{implementation}", copy.deepcopy(model).to(dtype), model
-
-
-def float32_reference_error(low: Any, high: Any) -> float:
-    """FlashAttention's reference error: how far the low-precision model's log-probabilities
-    lie from the float32 model's on the same batch, in units of eps * scale."""
-    from harness.cases import random_ids
-    from harness.tolerance import EPS, compare_logits
-
-    caps = low.capabilities
-    ids = random_ids(7, (4, 12), caps.vocab_size, caps.pad_token_id)
-    batch = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids if caps.family == "encoder_decoder" else None)
-    comparison = compare_logits(high.logits(batch), low.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool))
-    return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)
+            yield f"hf:{name}/{implementation}", tiny_model(name, implementation).to(dtype)
 
 
 def measure(check: Check, examples: int) -> float:
@@ -104,10 +86,10 @@ def main() -> None:
     print(f"{'dtype':<10} {'kind':<14} {'worst (eps*scale)':>18}  where")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
-        for spec, model, float32_model in models(dtype):
+        for spec, model in models(dtype):
             adapter = adapter_for(model, spec)
-            if dtype != torch.float32:
-                value = float32_reference_error(adapter, adapter_for(float32_model, spec))
+            value = measure_reference_error(adapter)  # None in float32
+            if value is not None:
                 if value > worst["vs_float32"][0]:
                     worst["vs_float32"] = (value, spec)
             context = RunContext(tolerance=UNIT, dtype=adapter.capabilities.dtype, examples=args.examples)
