@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
@@ -69,6 +70,7 @@ class Recorder:
         self.original = self.kind.forward
         recorder = self
 
+        @functools.wraps(self.original)  # adapters read forward's signature to learn what the model takes
         def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             recorder.calls.append((module, copy.deepcopy(args), copy.deepcopy(kwargs), recorder.suite))
             return recorder.original(module, *args, **kwargs)

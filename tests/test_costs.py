@@ -76,3 +76,25 @@ def test_lengths_leave_room_for_the_decoded_tokens() -> None:
     result = profile(adapter, None, max_seconds=60, repeats=1, new_tokens=16)
     assert [c.length for c in result.lengths] == [112]
     assert "beyond the model's maximum" in (profile(adapter, [128], repeats=1, new_tokens=4).stopped or "")
+
+
+def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
+    """The benchmark's recorder wraps forward; the adapter must still see the model's own
+    signature (it decides what the model takes from it), or the recorded audit is another audit."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from audit_overhead import Recorder
+
+    from harness.specs import adapter_for
+
+    model = tiny_model("gpt2")
+    plain = adapter_for(model).capabilities
+    recorder = Recorder(model)
+    try:
+        recorded = adapter_for(model).capabilities
+        audit(adapter_for(model), ["causal"])
+    finally:
+        recorder.remove()
+    assert recorded == plain
+    assert recorder.calls and all(module is model for module, *_ in recorder.calls)
