@@ -118,27 +118,27 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_s
     """
     if reference.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=reference.device), 1.0
-    delta = reference - test  # NaN or inf in either row leaves a non-finite delta in that row
-    finite = torch.isfinite(delta).all(-1)  # [N]
-    if not delta.any():
-        diff = torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device)
+    if torch.equal(reference, test) and bool(torch.isfinite(reference).all()):
+        diff, compared = torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), reference
     else:
+        finite = torch.isfinite(reference - test).all(-1)  # [N]: NaN or inf in either row makes a non-finite delta
         ref, tst = reference.double(), test.double()
         if normalise:
             ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
         diff = (ref - tst).abs().amax(-1)  # [N]
         diff = torch.where(finite, diff, torch.full_like(diff, float("inf")))
-    return diff, (_scale(reference[finite], normalise) if with_scale else 1.0)
+        compared = reference[finite]
+    return diff, (_scale(compared, normalise) if with_scale else 1.0)
 
 
 def _scale(rows: Tensor, normalise: bool) -> float:
     if rows.numel() == 0:
         return 1.0
     rows = rows.float()
-    largest = float(rows.abs().amax())
+    largest = rows.abs().amax()
     if normalise:  # the largest |log p| is logsumexp minus the smallest logit
-        largest = max(largest, float((torch.logsumexp(rows, -1) - rows.amin(-1)).amax()))
-    return max(1.0, largest)
+        largest = torch.maximum(largest, (torch.logsumexp(rows, -1) - rows.amin(-1)).amax())
+    return max(1.0, float(largest))
 
 
 def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True) -> Comparison:
@@ -149,16 +149,19 @@ def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bo
     ``reference``) at a compared position is reported separately and counts as an
     infinite difference.
     """
-    where = where.bool().to(reference.device)
+    where = where.to(device=reference.device, dtype=torch.bool)
     idx = where.nonzero(as_tuple=True)
     per_position = torch.zeros(where.shape, dtype=torch.float64, device=reference.device)
     diff, scale = compare_rows(reference[idx], test[idx], normalise, with_scale)  # [N]
     if diff.numel() == 0:
         return Comparison(0.0, 1.0, per_position, [])
     per_position[idx] = diff
-    bad = torch.isinf(diff).nonzero().flatten().tolist()
-    nonfinite = [[int(idx[0][i]), int(idx[1][i])] for i in bad]
-    return Comparison(float(diff.max()), scale, per_position, nonfinite)
+    max_diff = float(diff.max())
+    nonfinite = []
+    if max_diff == float("inf"):
+        bad = torch.isinf(diff).nonzero().flatten().tolist()
+        nonfinite = [[int(idx[0][i]), int(idx[1][i])] for i in bad]
+    return Comparison(max_diff, scale, per_position, nonfinite)
 
 
 def dtype_name(dtype: Any) -> str:

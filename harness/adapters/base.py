@@ -256,7 +256,9 @@ class Adapter(abc.ABC):
 
 def positions_from_mask(mask: Tensor, start: Tensor | None = None) -> Tensor:
     """Position ids counting only real tokens (``[0, 0, 1, 1] -> [0, 0, 0, 1]``), offset by ``start [B]``."""
-    counts = mask.long().cumsum(-1)  # [B, T]
-    if start is not None:
-        counts = counts + start[:, None]
-    return (counts - 1).clamp(min=0)
+    counts = mask.cumsum(-1, dtype=torch.long)  # [B, T], a new tensor: the in-place ops below are safe
+    if start is None:
+        counts.sub_(1)
+    else:
+        counts.add_(start[:, None] - 1)
+    return counts.clamp_(min=0)

@@ -135,7 +135,7 @@ class ReferenceAdapter(Adapter):
 
     def _step(self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, ReferenceState]:
         full_mask = torch.cat([state.mask, attention_mask.to(state.mask.dtype)], dim=1)  # [B, T_so_far + n]
-        positions = positions_from_mask(attention_mask, state.next_position)
+        positions = positions_from_mask(attention_mask, state.next_position)  # [B, n]
         model: Transformer = self.model
         if model.config.family == "encoder_decoder":
             out = model(
@@ -147,7 +147,7 @@ class ReferenceAdapter(Adapter):
             )
         else:
             out = model(tokens, full_mask, positions, cache=state.cache)
-        next_position = state.next_position + attention_mask.long().sum(-1)
+        next_position = state.next_position + attention_mask.sum(-1, dtype=torch.long)
         return out.logits, ReferenceState(out.cache, full_mask, next_position)
 
 
