@@ -66,9 +66,10 @@ class CrossAttentionSuite(Suite):
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         longest = max(2, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
+        cases = source_cases(longest)  # one strategy object: both checks share its draws
         return [
-            Check("source_pad_ids", lambda c: self.source_pad_ids(adapter, context, c), source_cases(longest)),
-            Check("source_padding_amount", lambda c: self.source_padding_amount(adapter, context, c), source_cases(longest)),
+            Check("source_pad_ids", lambda c: self.source_pad_ids(adapter, context, c), cases),
+            Check("source_padding_amount", lambda c: self.source_padding_amount(adapter, context, c), cases),
         ]
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:

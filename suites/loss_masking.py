@@ -79,10 +79,11 @@ class LossMaskingSuite(Suite):
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         longest = max(3, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
+        cases = loss_cases(longest)  # one strategy object: the three checks share its draws
         return [
-            Check("reference_loss", lambda c: self.reference_loss(adapter, context, c), loss_cases(longest)),
-            Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c), loss_cases(longest)),
-            Check("extra_padding", lambda c: self.extra_padding(adapter, context, c), loss_cases(longest)),
+            Check("reference_loss", lambda c: self.reference_loss(adapter, context, c), cases),
+            Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c), cases),
+            Check("extra_padding", lambda c: self.extra_padding(adapter, context, c), cases),
         ]
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:

@@ -93,14 +93,15 @@ class PaddingSuite(Suite):
         caps = adapter.capabilities
         longest = max(2, min(MAX_LENGTH, (caps.max_length or MAX_LENGTH) - 4))
         batches = RowBatches(adapter)
+        padded = padded_cases(longest)  # one strategy object: these checks share its draws
         checks = [
-            Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded_cases(longest)),
-            Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded_cases(longest)),
-            Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded_cases(longest)),
+            Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
+            Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),
+            Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded),
             Check("batch_composition", lambda c: self.batch_composition(batches, context, c), composition_cases(longest)),
         ]
         if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
-            checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded_cases(longest), max_examples=3))
+            checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded, max_examples=3))
         return checks
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:

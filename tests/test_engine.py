@@ -1,0 +1,80 @@
+"""How a check draws its cases: distinct cases, draws shared between checks, each case evaluated once."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+import harness.suite as engine
+from harness.suite import Check, Outcome, RunContext, run_check, split_examples
+from harness.tolerance import tolerance_for
+from suites.padding import PaddedCase, padded_cases
+
+
+def recording(strategy: Any, fails: Callable[[Any], bool] = lambda case: False) -> tuple[Check, list[Any]]:
+    """A check that records every case it is asked to evaluate and fails where ``fails`` says."""
+    seen: list[Any] = []
+
+    def evaluate(case: Any) -> Outcome:
+        seen.append(case)
+        if fails(case):
+            return Outcome("fail", 1.0, 0.0, 0.5, message="seeded failure")
+        return Outcome("pass")
+
+    return Check("recording", evaluate, strategy), seen
+
+
+def ci_context() -> RunContext:
+    return RunContext(tolerance=tolerance_for("cpu", "float32"), examples=20, profile="ci")
+
+
+def long_row(case: PaddedCase) -> bool:
+    return max(case.lengths) >= 5
+
+
+@pytest.mark.parametrize(
+    ("cases", "max_examples", "expected"),
+    [(20, None, (2, 10)), (8, None, (1, 8)), (25, None, (3, 9)), (200, None, (20, 10)), (1, None, (1, 1)), (20, 3, (3, 1))],
+)
+def test_cases_are_split_evenly_into_examples(cases: int, max_examples: int | None, expected: tuple[int, int]) -> None:
+    assert split_examples(cases, max_examples) == expected
+
+
+def test_a_check_evaluates_the_profiles_count_of_distinct_cases() -> None:
+    """Hypothesis's first example is its simplest: without unique_by it would be one case repeated."""
+    check, seen = recording(padded_cases(12))
+    result, evaluated, _ = run_check(check, ci_context())
+    assert result.status == "pass"
+    assert evaluated == len(seen) == len(set(seen)) == 20
+
+
+def test_checks_given_one_strategy_object_draw_once_and_see_the_same_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    context, strategy = ci_context(), padded_cases(12)
+    first, seen_first = recording(strategy)
+    run_check(first, context)
+    monkeypatch.setattr(engine, "given", lambda *a, **k: pytest.fail("Hypothesis drew the shared cases again"))
+    second, seen_second = recording(strategy)
+    result, evaluated, _ = run_check(second, context)
+    assert result.status == "pass" and evaluated == 20
+    assert seen_second == seen_first
+    # An equal strategy that is another object draws for itself.
+    third, _ = recording(padded_cases(12))
+    with pytest.raises(pytest.fail.Exception):
+        run_check(third, context)
+
+
+def test_a_failure_among_shared_cases_is_shrunk_as_if_drawn_alone() -> None:
+    shared_context, strategy = ci_context(), padded_cases(12)
+    run_check(recording(strategy)[0], shared_context)
+    shared, seen = recording(strategy, long_row)
+    result, _, failure = run_check(shared, shared_context)
+    alone, _ = recording(padded_cases(12), long_row)
+    alone_result, _, alone_failure = run_check(alone, ci_context())
+    assert result.status == alone_result.status == "fail"
+    assert failure is not None and alone_failure is not None
+    assert failure.case == alone_failure.case
+    assert failure.case.lengths == (5,), failure.case  # shrunk to the smallest failing row
+    assert result.hypothesis_blob and result.hypothesis_blob == alone_result.hypothesis_blob
+    # Shrinking re-runs whole examples; the model is asked about each distinct case once.
+    assert len(seen) == len(set(seen))
