@@ -88,8 +88,8 @@ class DrawnCases:
     examples: list[list[Any]]
 
 
-#: the most cases drawn in one Hypothesis example: its per-example cost (about 0.6 ms on
-#: this project's 2-core CPU) is shared by up to this many cases
+#: the most random cases drawn in one Hypothesis example: its per-example cost (about
+#: 0.6 ms on this project's 2-core CPU) is shared by up to this many cases
 CASES_PER_EXAMPLE = 10
 
 
@@ -129,13 +129,20 @@ def case_to_dict(case: Any) -> dict[str, Any]:
 
 
 def split_examples(cases: int, max_examples: int | None) -> tuple[int, int]:
-    """(Hypothesis examples, cases per example) for a check that should see ``cases`` cases:
-    at most :data:`CASES_PER_EXAMPLE` to an example, spread evenly (20 cases: 2 x 10;
-    8: 1 x 8). A check with a small case space (``max_examples``) draws one case per example."""
+    """(Hypothesis examples, cases per example) for a check that should see ``cases`` cases.
+
+    Hypothesis's first example is its simplest: the minimal case, repeated to fill the
+    example, which the check's memo evaluates once. The random cases follow, at most
+    :data:`CASES_PER_EXAMPLE` to an example and spread evenly (20 cases: the minimal one,
+    then 2 examples of 10; 8: the minimal one, then one example of 8). A check with a
+    small case space (``max_examples``) draws one case per example.
+    """
     if max_examples is not None:
         return max(1, min(cases, max_examples)), 1
-    examples = max(1, -(-cases // CASES_PER_EXAMPLE))
-    return examples, max(1, -(-cases // examples))
+    if cases <= 1:
+        return 1, 1
+    random_examples = -(-cases // CASES_PER_EXAMPLE)
+    return 1 + random_examples, -(-cases // random_examples)
 
 
 def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, CaseFailed | None]:
@@ -143,8 +150,9 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     cases evaluated, and the failing (shrunk) case with its outcome, if any."""
     evaluated = 0
     worst_seen: dict[str, Any] = {}
-    # Shrinking re-runs whole examples: a case seen before (the passing cases beside the
-    # failing one, the failing one itself) is answered from here, not by the model again.
+    # A case seen before (the first example's copies of the minimal case; in shrinking, the
+    # passing cases beside the failing one and the failing one itself) is answered from
+    # here, not by the model again.
     outcomes: dict[str, Outcome] = {}
 
     def evaluate_all(cases: list[Any]) -> None:
@@ -167,16 +175,16 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
                 raise CaseFailed(case, outcome)
 
     examples, per_example = split_examples(context.examples, check.max_examples)
-    planned = examples * per_example
-    # Distinct cases in an example (``unique_by``): otherwise Hypothesis's first example is
-    # its simplest one, the same minimal case repeated. Every case draws a seed, so a check
-    # always has enough distinct cases; one whose space is smaller declares max_examples.
-    strategy = st.lists(check.strategy, min_size=per_example, max_size=per_example, unique_by=repr)
+    planned = (examples - 1) * per_example + 1  # the first example is one case repeated
+    # Not unique_by: Hypothesis fills a list of unique elements that starts from its
+    # simplest choices with near-minimal cases (all right-padded single rows, say), a
+    # poor sample when a profile draws only one or two examples.
+    strategy = st.lists(check.strategy, min_size=per_example, max_size=per_example)
     generated: list[list[Any]] = []
 
     # Hypothesis hashes the source of the test it runs on every run (its database key): a
     # one-line test keeps that hash cheap (it cost 1 ms a check with the loop inlined).
-    def prop(cases: list[Any]) -> None: generated.append(cases); evaluate_all(cases)  # fmt: skip  # noqa: E702, E704
+    def prop(cases: list[Any]) -> None: generated.append(cases); evaluate_all(cases)  # fmt: skip
 
     def search() -> None:
         # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.

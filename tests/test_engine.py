@@ -35,18 +35,25 @@ def long_row(case: PaddedCase) -> bool:
 
 @pytest.mark.parametrize(
     ("cases", "max_examples", "expected"),
-    [(20, None, (2, 10)), (8, None, (1, 8)), (25, None, (3, 9)), (200, None, (20, 10)), (1, None, (1, 1)), (20, 3, (3, 1))],
+    [(20, None, (3, 10)), (8, None, (2, 8)), (25, None, (4, 9)), (200, None, (21, 10)), (1, None, (1, 1)), (20, 3, (3, 1))],
 )
-def test_cases_are_split_evenly_into_examples(cases: int, max_examples: int | None, expected: tuple[int, int]) -> None:
+def test_cases_are_split_evenly_into_examples_after_the_minimal_one(cases: int, max_examples: int | None, expected: tuple[int, int]) -> None:
     assert split_examples(cases, max_examples) == expected
 
 
-def test_a_check_evaluates_the_profiles_count_of_distinct_cases() -> None:
-    """Hypothesis's first example is its simplest: without unique_by it would be one case repeated."""
+@pytest.mark.parametrize(("profile", "cases"), [("dev", 8), ("ci", 20)])
+def test_a_check_sees_the_minimal_case_then_the_profiles_count_of_varied_cases(profile: str, cases: int) -> None:
+    """The dev profile's 8 cases fill one example: they must be a random sample, not
+    near-copies of the minimal case (what unique lists of Hypothesis's simplest choices give)."""
     check, seen = recording(padded_cases(12))
-    result, evaluated, _ = run_check(check, ci_context())
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"), examples=cases, profile=profile)
+    result, evaluated, _ = run_check(check, context)
     assert result.status == "pass"
-    assert evaluated == len(seen) == len(set(seen)) == 20
+    assert evaluated == len(seen) == len(set(seen)) == cases + 1
+    assert seen[0] == PaddedCase(lengths=(1,), extra=1, side="right", seed=0)
+    random = seen[1:]
+    assert {c.side for c in random} == {"left", "right"}
+    assert len({(c.lengths, c.extra) for c in random}) >= len(random) - 1
 
 
 def test_checks_given_one_strategy_object_draw_once_and_see_the_same_cases(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,7 +63,7 @@ def test_checks_given_one_strategy_object_draw_once_and_see_the_same_cases(monke
     monkeypatch.setattr(engine, "given", lambda *a, **k: pytest.fail("Hypothesis drew the shared cases again"))
     second, seen_second = recording(strategy)
     result, evaluated, _ = run_check(second, context)
-    assert result.status == "pass" and evaluated == 20
+    assert result.status == "pass" and evaluated == 21
     assert seen_second == seen_first
     # An equal strategy that is another object draws for itself.
     third, _ = recording(padded_cases(12))
