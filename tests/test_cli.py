@@ -139,10 +139,12 @@ def test_list_shows_every_suite_and_seeded_bug(capsys) -> None:  # type: ignore[
 
 
 def test_module_factory_from_the_current_directory(project: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    (project / "my_models.py").write_text(
+    # A module name no other test uses: a process imports a module once, and test_adapters
+    # writes its own my_models.py (under pytest-xdist both may run in one worker).
+    (project / "cli_factories.py").write_text(
         "def hf():\n    from reference_models.hf_tiny import tiny_model\n    return tiny_model('llama')\n\n"
         "def adapter():\n    from harness.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
     )
-    assert main(["audit", "module:my_models:hf", "--suites", "causal", "-q"]) == 0
-    assert main(["audit", "module:my_models:adapter", "--suites", "causal", "-q"]) == 0
-    assert "module:my_models:adapter" in capsys.readouterr().out
+    assert main(["audit", "module:cli_factories:hf", "--suites", "causal", "-q"]) == 0
+    assert main(["audit", "module:cli_factories:adapter", "--suites", "causal", "-q"]) == 0
+    assert "module:cli_factories:adapter" in capsys.readouterr().out
