@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -175,4 +174,7 @@ def probe_loss(adapter: Adapter, probe: Batch, targets: Tensor) -> float:
         scored, wanted = logits[:, half:][hidden], targets[:, half:][hidden]  # [N, V], [N]
     else:
         scored, wanted = logits[:, half:-1].reshape(-1, logits.shape[-1]), targets[:, half + 1 :].reshape(-1)
-    return min(float(F.cross_entropy(scored / temperature, wanted)) for temperature in TEMPERATURES)
+    temperatures = torch.tensor(TEMPERATURES, dtype=scored.dtype, device=scored.device)[:, None, None]  # [K, 1, 1]
+    log_probs = torch.log_softmax(scored / temperatures, -1)  # [K, N, V]
+    losses = -log_probs.gather(-1, wanted.expand(len(TEMPERATURES), -1)[..., None]).mean(dim=(1, 2))  # [K]
+    return float(losses.min())
