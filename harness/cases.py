@@ -30,7 +30,7 @@ def random_ids(seed: int, shape: Sequence[int], vocab_size: int, avoid: int | No
     if avoid is None or vocab_size < 2:
         return torch.randint(0, vocab_size, tuple(shape), generator=generator).to(device)
     ids = torch.randint(0, vocab_size - 1, tuple(shape), generator=generator)
-    return (ids + (ids >= avoid).long()).to(device)
+    return (ids + (ids >= avoid)).to(device)  # skips the avoided id
 
 
 def random_rows(adapter: Adapter, lengths: Sequence[int], seed: int) -> list[Tensor]:

@@ -121,13 +121,15 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_s
     if torch.equal(reference, test) and bool(torch.isfinite(reference).all()):
         diff, compared = torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), reference
     else:
-        finite = torch.isfinite(reference - test).all(-1)  # [N]: NaN or inf in either row makes a non-finite delta
         ref, tst = reference.double(), test.double()
         if normalise:
             ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
-        diff = (ref - tst).abs().amax(-1)  # [N]
-        diff = torch.where(finite, diff, torch.full_like(diff, float("inf")))
-        compared = reference[finite]
+        diff = (ref - tst).abs().amax(-1)  # [N]; NaN where either row holds NaN or inf
+        finite = diff.isfinite()
+        compared = reference
+        if not bool(finite.all()):
+            diff = diff.masked_fill(~finite, float("inf"))
+            compared = reference[finite]
     return diff, (_scale(compared, normalise) if with_scale else 1.0)
 
 
