@@ -11,11 +11,12 @@ How the knobs combine:
 - the profile sets how many cases each check draws and whether the
   ``@reproduce_failure`` blob is printed;
 - ``--examples N`` replaces the profile's count; a check with a small case space draws
-  fewer (its own cap). Cases are drawn up to ten to a Hypothesis example, all distinct
-  (``harness.suite.split_examples``: 20 cases are 2 examples of 10, 8 are one of 8),
-  which spreads Hypothesis's fixed cost per example over several model calls. A failing
-  example shrinks as usual and the first failing case in it is the one reported. Checks
-  of one suite given the same strategy object see the same cases, drawn once;
+  fewer (its own cap). Hypothesis's minimal case runs first, then the N random cases,
+  up to ten to a Hypothesis example (``harness.suite.split_examples``: 20 cases are 2
+  examples of 10), which spreads Hypothesis's fixed cost per example over several model
+  calls. A failing example shrinks as usual and the first failing case in it is the one
+  reported. Checks of one suite given the same strategy object see the same cases,
+  drawn once;
 - ``--seed S`` (default 0) seeds Hypothesis for every check, so every profile is
   derandomized: the same spec, seed and profile draw the same cases on every machine.
   Hypothesis's own ``derandomize`` flag is not used because it ignores the seed, and
