@@ -81,28 +81,35 @@ class Recorder:
         self.kind.forward = self.original  # type: ignore[method-assign]
 
 
-def run_audit(model: Any, profile: str, recorder: Recorder | None = None) -> tuple[float, Any]:
+def run_audit(model: Any, profile: str, recorder: Recorder | None = None) -> tuple[float, dict[str, float], Any]:
+    """The audit's wall time, each suite's share of it, and the result."""
+    per_suite: dict[str, float] = {}
+
     def progress(event: str, suite: str, result: Any) -> None:
-        if recorder is not None and event == "start":
-            recorder.suite = suite
+        if event == "start":
+            per_suite[suite] = time.perf_counter()
+            if recorder is not None:
+                recorder.suite = suite
+        elif event == "done":
+            per_suite[suite] = time.perf_counter() - per_suite[suite]
 
     adapter = adapter_for(model)
     started = time.perf_counter()
     result = audit(adapter, profile=profile, progress=progress)
-    return time.perf_counter() - started, result
+    return time.perf_counter() - started, per_suite, result
 
 
-def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> float:
-    """Run the recorded forwards on the bare models, each on a fresh copy of its inputs
-    (copied outside the timed region)."""
-    total = 0.0
+def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> dict[str, float]:
+    """Seconds the recorded forwards take on the bare models, per suite; each runs on a
+    fresh copy of its inputs (copied outside the timed region)."""
+    per_suite: dict[str, float] = {}
     with torch.inference_mode():
-        for module, args, kwargs, _ in calls:
+        for module, args, kwargs, suite in calls:
             args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
             started = time.perf_counter()
             module(*args, **kwargs)
-            total += time.perf_counter() - started
-    return total
+            per_suite[suite] = per_suite.get(suite, 0.0) + time.perf_counter() - started
+    return per_suite
 
 
 def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
@@ -110,19 +117,24 @@ def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
     parameters = sum(p.numel() for p in model.parameters())
     run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
     recorder = Recorder(model)
-    _, recorded = run_audit(model, profile, recorder)
+    _, _, recorded = run_audit(model, profile, recorder)
     recorder.remove()
     audits, bares = [], []
     for _ in range(repeats):
-        seconds, result = run_audit(model, profile)
-        audits.append(seconds)
+        seconds, suite_seconds, result = run_audit(model, profile)
+        audits.append((seconds, suite_seconds))
         bares.append(replay(recorder.calls))
     assert [s.status for s in result.suites] == [s.status for s in recorded.suites], "the timed run drew other cases"
+    audit_time, bare_time = statistics.median(a for a, _ in audits), statistics.median(sum(b.values()) for b in bares)
     per_suite = {}
     for suite in recorded.suites:
-        forwards = sum(1 for *_, s in recorder.calls if s == suite.name)
-        per_suite[suite.name] = (forwards, suite.cases)
-    audit_time, bare_time = statistics.median(audits), statistics.median(bares)
+        per_suite[suite.name] = {
+            "status": suite.status,
+            "cases": suite.cases,
+            "forwards": sum(1 for *_, s in recorder.calls if s == suite.name),
+            "audit": statistics.median(seconds.get(suite.name, 0.0) for _, seconds in audits),
+            "bare": statistics.median(b.get(suite.name, 0.0) for b in bares),
+        }
     return {
         "model": name,
         "parameters": parameters,
@@ -131,7 +143,6 @@ def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
         "bare": bare_time,
         "ratio": audit_time / bare_time,
         "per_suite": per_suite,
-        "statuses": {s.name: s.status for s in recorded.suites},
     }
 
 
@@ -148,10 +159,10 @@ def main() -> int:
     for name in names:
         r = measure(name, args.profile, args.repeats)
         print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s)")
-        print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9}")
-        for suite, (forwards, cases) in r["per_suite"].items():
-            per_case = f"{forwards / cases:.2f}" if cases else "-"
-            print(f"  {suite:<16} {r['statuses'][suite]:<15} {cases:>6} {forwards:>9} {per_case:>9}")
+        print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
+        for suite, row in r["per_suite"].items():
+            per_case = f"{row['forwards'] / row['cases']:.2f}" if row["cases"] else "-"
+            print(f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}")
         print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
         print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
         ok &= r["ratio"] <= 1.3
