@@ -267,6 +267,12 @@ def _top_left_causal_on_cached_chunks(mask: Tensor | None, q_len: int, k_len: in
     return None if 1 < q_len < k_len else mask
 
 
+def _no_mask_for_one_query(mask: Tensor | None, q_len: int, k_len: int) -> Tensor | None:
+    # The decode fast path: one query cannot see its own future, so no mask is built; the
+    # padding of a left-padded batch's cached keys goes with it.
+    return None if q_len == 1 < k_len else mask
+
+
 def _tiny_hf(kind: str, attn_implementation: str) -> Any:
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
@@ -326,6 +332,7 @@ MUTANTS: dict[str, Mutant] = {
             _cross_from_decoder_states,
             lambda: _reference(ENCODER_DECODER),
         ),
+        _hf("hf_llama_decode_step_reads_padding", "kv_cache", "greedy_generation", "Llama whose attention builds no mask for a one-token decoding step, so left-padded cache slots are read", "llama", _no_mask_for_one_query),
         _hf("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", "llama", _top_left_causal_on_cached_chunks),
     ]
 }
