@@ -72,7 +72,7 @@ class Check:
     replays its examples in plain Python. A replayed case that fails sends that check back
     to Hypothesis, which draws the same examples again (same seed, answered from the
     check's memo) and shrinks the failure. On the tiny reference model Hypothesis's drawing
-    cost about 0.2 ms a case against forwards of 0.65 ms.
+    costs about 0.13 ms a case (harness.strategies) against forwards of 0.7 ms.
     """
 
     name: str
@@ -176,10 +176,11 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
 
     examples, per_example = split_examples(context.examples, check.max_examples)
     planned = (examples - 1) * per_example + 1  # the first example is one case repeated
-    # Not unique_by: Hypothesis fills a list of unique elements that starts from its
-    # simplest choices with near-minimal cases (all right-padded single rows, say), a
-    # poor sample when a profile draws only one or two examples.
-    strategy = st.lists(check.strategy, min_size=per_example, max_size=per_example)
+    # Not a list with unique_by: Hypothesis fills one that starts from its simplest
+    # choices with near-minimal cases (all right-padded single rows, say), a poor sample
+    # when a profile draws only one or two examples. A fixed-size tuple, not a list: a
+    # list draws a choice per element to decide whether another follows.
+    strategy = st.tuples(*[check.strategy] * per_example)
     generated: list[list[Any]] = []
 
     # Hypothesis hashes the source of the test it runs on every run (its database key): a

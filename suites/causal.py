@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from harness.adapters.base import Adapter, Batch, Capabilities
 from harness.cases import pad_token, perturb, random_ids, same_shape_outcome
 from harness.influence import expected_pattern, measure_influence
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 16
@@ -43,22 +44,30 @@ class PatternCase:
     seed: int
 
 
-def future_cases(max_length: int) -> st.SearchStrategy[FutureCase]:
-    @st.composite
-    def build(draw: st.DrawFn) -> FutureCase:
-        length = draw(st.integers(2, max_length))
-        cut = draw(st.integers(0, length - 2))
-        return FutureCase(
-            batch=draw(st.integers(1, 3)),
-            length=length,
-            cut=cut,
-            suffix=draw(st.booleans()),
-            offset=draw(st.integers(0, length - cut - 2)),
-            source_length=draw(st.integers(1, max_length)),
-            seed=draw(st.integers(0, 2**16)),
-        )
+@st.composite
+def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_lengths: st.SearchStrategy[int]) -> FutureCase:
+    length = draw(lengths)
+    cut = draw(_ZERO_TO[length - 2])
+    return FutureCase(
+        batch=draw(_BATCHES),
+        length=length,
+        cut=cut,
+        suffix=draw(_BOOLEANS),
+        offset=draw(_ZERO_TO[length - cut - 2]),
+        source_length=draw(source_lengths),
+        seed=draw(_SEEDS),
+    )
 
-    return build()
+
+# Built once: building st.integers(...) inside a draw costs a cache lookup per case.
+_ZERO_TO = [st.integers(0, n) for n in range(MAX_LENGTH + 1)]
+_BATCHES, _BOOLEANS, _SEEDS = st.integers(1, 3), st.booleans(), st.integers(0, 2**16)
+
+
+def future_cases(max_length: int, encoder_decoder: bool) -> st.SearchStrategy[FutureCase]:
+    """Only encoder-decoders draw a source length (the others keep the minimal 1)."""
+    source_lengths = st.integers(1, max_length) if encoder_decoder else st.just(1)
+    return _future_case(st.integers(2, max_length), source_lengths)
 
 
 def model_length(capabilities: Capabilities, cap: int) -> int:
@@ -89,9 +98,9 @@ class CausalSuite(Suite):
         caps = adapter.capabilities
         checks: list = []
         if caps.family != "encoder":
-            checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), future_cases(model_length(caps, MAX_LENGTH))))
+            checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), future_cases(model_length(caps, MAX_LENGTH), caps.family == "encoder_decoder")))
         length = pattern_length(caps)
-        strategy = st.builds(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
+        strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
         checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
         return checks
 

@@ -28,6 +28,7 @@ from harness.cases import (
     same_shape_outcome,
 )
 from harness.influence import measure_influence
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 10
@@ -43,7 +44,7 @@ class SourceCase:
 
 
 def source_cases(max_length: int) -> st.SearchStrategy[SourceCase]:
-    return st.builds(
+    return case_strategy(
         SourceCase,
         source_lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
         extra=st.integers(1, 4),

@@ -29,6 +29,7 @@ from harness.cases import (
     random_ids,
     random_rows,
 )
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 
 IGNORE = -100
@@ -45,7 +46,7 @@ class LossCase:
 
 
 def loss_cases(max_length: int) -> st.SearchStrategy[LossCase]:
-    return st.builds(
+    return case_strategy(
         LossCase,
         lengths=st.lists(st.integers(2, max_length), min_size=1, max_size=3).map(tuple),
         extra=st.integers(1, 4),

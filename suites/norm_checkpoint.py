@@ -31,6 +31,7 @@ from torch import Tensor
 
 from harness.adapters.base import Adapter, Batch, Capabilities, LayoutUnavailable
 from harness.cases import pad_token, random_ids, shape_change_outcome
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 from harness.verdict import CheckResult
 
@@ -71,7 +72,7 @@ class NormCheckpointSuite(Suite):
         return None
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
-        once = st.builds(ProbeCase, seed=st.just(context.seed))
+        once = case_strategy(ProbeCase, seed=st.just(context.seed))
         checks: list = []
         record = adapter.checkpoint
         if record is None:

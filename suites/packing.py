@@ -37,6 +37,7 @@ from harness.cases import (
     repeat_floor,
     same_shape_outcome,
 )
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_SEGMENT = 6
@@ -52,7 +53,7 @@ class PackedCase:
 
 def packed_cases(capabilities: Capabilities) -> st.SearchStrategy[PackedCase]:
     longest = max(1, min(MAX_SEGMENT, ((capabilities.max_length or 64) - 2) // 3))
-    return st.builds(
+    return case_strategy(
         PackedCase,
         segment_lengths=st.lists(st.integers(1, longest), min_size=2, max_size=3).map(tuple),
         changed=st.integers(0, 2),

@@ -36,6 +36,7 @@ from harness.cases import (
     same_shape_outcome,
 )
 from harness.influence import expected_pattern, measure_influence
+from harness.strategies import case_strategy
 from harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
@@ -59,7 +60,7 @@ class CompositionCase:
 
 
 def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[PaddedCase]:
-    return st.builds(
+    return case_strategy(
         PaddedCase,
         lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
         extra=st.integers(min_extra, 4),
@@ -70,7 +71,7 @@ def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[Padde
 
 def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
     others = st.lists(st.integers(0, max_length), min_size=0, max_size=2).map(tuple)
-    return st.builds(
+    return case_strategy(
         CompositionCase,
         length=st.integers(1, max_length),
         others_a=others,

@@ -85,3 +85,27 @@ def test_a_failure_among_shared_cases_is_shrunk_as_if_drawn_alone() -> None:
     assert result.hypothesis_blob and result.hypothesis_blob == alone_result.hypothesis_blob
     # Shrinking re-runs whole examples; the model is asked about each distinct case once.
     assert len(seen) == len(set(seen))
+
+
+
+def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
+    from dataclasses import dataclass
+
+    from hypothesis import find
+    from hypothesis import strategies as st
+
+    from harness.strategies import case_strategy
+
+    @dataclass(frozen=True)
+    class Case:
+        lengths: tuple[int, ...]
+        side: str
+        seed: int
+
+    strategy = case_strategy(Case, lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple), side=st.sampled_from(["right", "left"]), seed=st.integers(0, 99))
+    # Any case at all shrinks to the simplest one; a condition on some fields leaves the others simplest.
+    assert find(strategy, lambda case: True) == Case((1,), "right", 0)
+    assert find(strategy, lambda case: len(case.lengths) == 3 and case.side == "left") == Case((1, 1, 1), "left", 0)
+    # Among ten cases, as a check draws them, a row that must grow still loses the rows it does not need.
+    cases = find(st.tuples(*[strategy] * 10), lambda drawn: any(sum(case.lengths) >= 12 for case in drawn))
+    assert [case.lengths for case in cases if sum(case.lengths) >= 12] == [(3, 9)]

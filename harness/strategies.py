@@ -1,0 +1,32 @@
+"""Hypothesis strategies for cases, built to be cheap to draw.
+
+A ci-profile audit draws about 400 cases; on a small model Hypothesis's drawing is of the
+same order as the harness's own work (30 loss-masking cases: 11.0 ms with ``st.builds``,
+6.6 ms with :func:`case_strategy`).
+
+Variable-length fields stay ``st.lists``. Drawing the size first and then the elements
+saves a choice per element, but the shrinker then cannot drop an element without
+shifting every later choice: asked for a row-length tuple summing to at least 12, among
+ten cases, it stopped at ``(1, 2, 9)`` where lists reach ``(3, 9)``. A shrunk case is what
+a user reads first, so it is worth the 4 ms.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from hypothesis import strategies as st
+
+CaseT = TypeVar("CaseT")
+
+
+@st.composite
+def _fields(draw: st.DrawFn, case_type: Callable[..., Any], items: tuple[tuple[str, st.SearchStrategy[Any]], ...]) -> Any:
+    return case_type(**{name: draw(strategy) for name, strategy in items})
+
+
+def case_strategy(case_type: Callable[..., CaseT], **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[CaseT]:
+    """``st.builds(case_type, **fields)``: the fields drawn in the given order, without
+    ``builds``' per-draw bookkeeping (two fifths of drawing a case). The composite is
+    defined once, here: ``@st.composite`` inspects its function's source, 0.5 ms a call."""
+    return _fields(case_type, tuple(fields.items()))
