@@ -42,6 +42,7 @@ defaults are doubled for TF32-free kernel differences until a GPU run measures t
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -115,32 +116,40 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_s
 
     Bitwise-equal finite rows (every same-shape check of a correct model, and every repeat
     floor) skip the float64 pass: with a 50k vocabulary that pass is most of a check's cost.
+    On a small model the small ops count too: the scale doubles as the finiteness test.
     """
     if reference.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=reference.device), 1.0
-    if torch.equal(reference, test) and bool(torch.isfinite(reference).all()):
-        diff, compared = torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), reference
-    else:
-        ref, tst = reference.double(), test.double()
-        if normalise:
-            ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
-        diff = (ref - tst).abs().amax(-1)  # [N]; NaN where either row holds NaN or inf
-        finite = diff.isfinite()
-        compared = reference
-        if not bool(finite.all()):
-            diff = diff.masked_fill(~finite, float("inf"))
-            compared = reference[finite]
+    if torch.equal(reference, test):  # False when either holds NaN
+        # Bitwise-equal rows: only an inf is left to rule out, and the largest magnitude,
+        # which the scale needs anyway, is finite exactly when every value is.
+        largest = _largest(reference, normalise)
+        if math.isfinite(largest):
+            return torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), (max(1.0, largest) if with_scale else 1.0)
+    ref, tst = reference.double(), test.double()
+    if normalise:
+        ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
+    diff = (ref - tst).abs().amax(-1)  # [N]; NaN where either row holds NaN or inf
+    finite = diff.isfinite()
+    compared = reference
+    if not bool(finite.all()):
+        diff = diff.masked_fill(~finite, float("inf"))
+        compared = reference[finite]
     return diff, (_scale(compared, normalise) if with_scale else 1.0)
 
 
 def _scale(rows: Tensor, normalise: bool) -> float:
-    if rows.numel() == 0:
-        return 1.0
+    return 1.0 if rows.numel() == 0 else max(1.0, _largest(rows, normalise))
+
+
+def _largest(rows: Tensor, normalise: bool) -> float:
+    """The largest logit magnitude of ``[N, V]`` rows, or log-probability magnitude with
+    ``normalise`` (logsumexp minus the smallest logit); NaN or inf if any value is not finite."""
     rows = rows.float()
     largest = rows.abs().amax()
-    if normalise:  # the largest |log p| is logsumexp minus the smallest logit
+    if normalise:
         largest = torch.maximum(largest, (torch.logsumexp(rows, -1) - rows.amin(-1)).amax())
-    return max(1.0, float(largest))
+    return float(largest)
 
 
 def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True) -> Comparison:

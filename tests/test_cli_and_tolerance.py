@@ -98,6 +98,12 @@ def test_compare_logits_only_at_compared_positions_and_flags_nan() -> None:
     test[0, 1, 0] = float("nan")
     comparison = compare_logits(reference, test, where)
     assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf")
+    # Bitwise-equal logits are not a pass when they are not finite: the same inf (or all inf) on both sides fails.
+    for bad in (torch.tensor([float("inf"), 0, 0, 0]), torch.full((4,), float("-inf")), torch.full((4,), float("inf"))):
+        both = torch.zeros(1, 3, 4)
+        both[0, 1] = bad
+        comparison = compare_logits(both, both.clone(), where)
+        assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf"), bad
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

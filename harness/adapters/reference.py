@@ -82,13 +82,14 @@ class ReferenceAdapter(Adapter):
         except ValueError as exc:
             raise LayoutUnavailable(str(exc)) from None
         parameter = next(model.parameters())
-        torch.manual_seed(0)
-        other = Transformer(config).to(device=parameter.device, dtype=parameter.dtype)
+        other = Transformer(config)  # its random init is overwritten below: every weight is loaded, or none is used
+        if (parameter.device, parameter.dtype) != (torch.device("cpu"), torch.float32):
+            other = other.to(device=parameter.device, dtype=parameter.dtype)
         missing, _ = other.load_state_dict(model.state_dict(), strict=False)
         if missing:
             raise LayoutUnavailable(f"the weights have no {', '.join(missing[:3])} for {changes}")
         described = ", ".join(f"{k}={v}" for k, v in changes.items())
-        relaid = ReferenceAdapter(other.eval(), f"{self.spec} as {described}")
+        relaid = ReferenceAdapter(other, f"{self.spec} as {described}")  # which puts it in eval mode
         # Same weights, same record of how they were saved and trained.
         relaid.checkpoint = self.checkpoint
         relaid.capabilities = dataclasses.replace(relaid.capabilities, trained_length=self.capabilities.trained_length)
