@@ -12,7 +12,11 @@ For each model, in one process:
 3. the recorded forwards are replayed on the bare model, timed.
 
 It prints ``harness time / bare forward time`` (target: at most 1.3), the forwards per
-case of each suite, and the wall time of the audit. ``gpt2-small`` is a random-init
+case of each suite, and the wall time of the audit. ``--breakdown`` adds one more,
+instrumented audit that splits each suite's time into the model's forwards, the
+harness's work around them (building cases, comparing, the adapter) and Hypothesis
+with the engine (drawing cases, running checks); its timers add a little overhead of
+their own, so its figures say where the time goes, not what the ratio is. ``gpt2-small`` is a random-init
 GPT-2 with the 124M-parameter shape (768 wide, 12 layers, 50257 tokens); the
 cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
 pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine.
@@ -21,7 +25,9 @@ pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
+import dataclasses
 import functools
 import statistics
 import sys
@@ -35,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from harness import audit  # noqa: E402
+from harness import audit, runner  # noqa: E402
 from harness.specs import adapter_for  # noqa: E402
 
 
@@ -112,7 +118,49 @@ def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> dict[str, f
     return per_suite
 
 
-def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
+def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]:
+    """Per suite: seconds in the model's forwards, in the harness's case work around them,
+    and in Hypothesis and the engine, from one audit with timers around each forward and
+    each case's evaluation."""
+    forwards: dict[str, float] = collections.defaultdict(float)
+    evaluating: dict[str, float] = collections.defaultdict(float)
+    suite_seconds: dict[str, float] = {}
+    current = {"suite": ""}
+    kind, original_forward, original_run_check = type(model), type(model).forward, runner.run_check
+
+    @functools.wraps(original_forward)
+    def timed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original_forward(module, *args, **kwargs)
+        finally:
+            forwards[current["suite"]] += time.perf_counter() - started
+
+    def timed_run_check(check: Any, context: Any) -> Any:
+        def evaluate(case: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return check.evaluate(case)
+            finally:
+                evaluating[current["suite"]] += time.perf_counter() - started
+
+        return original_run_check(dataclasses.replace(check, evaluate=evaluate), context)
+
+    def progress(event: str, suite: str, result: Any) -> None:
+        if event == "start":
+            current["suite"], suite_seconds[suite] = suite, time.perf_counter()
+        elif event == "done":
+            suite_seconds[suite] = time.perf_counter() - suite_seconds[suite]
+
+    kind.forward, runner.run_check = timed_forward, timed_run_check  # type: ignore[method-assign]
+    try:
+        audit(adapter_for(model), profile=profile, progress=progress)
+    finally:
+        kind.forward, runner.run_check = original_forward, original_run_check  # type: ignore[method-assign]
+    return {s: (forwards[s], evaluating[s] - forwards[s], total - evaluating[s]) for s, total in suite_seconds.items()}
+
+
+def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False) -> dict[str, Any]:
     model = MODELS[name]()
     parameters = sum(p.numel() for p in model.parameters())
     run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
@@ -143,6 +191,7 @@ def measure(name: str, profile: str, repeats: int) -> dict[str, Any]:
         "bare": bare_time,
         "ratio": audit_time / bare_time,
         "per_suite": per_suite,
+        "breakdown": breakdown(model, profile) if with_breakdown else None,
     }
 
 
@@ -151,13 +200,14 @@ def main() -> int:
     parser.add_argument("--model", default="both", choices=[*MODELS, "both"])
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
+    parser.add_argument("--breakdown", action="store_true", help="also split each suite's time into forwards, harness and Hypothesis (one more audit)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:
-        r = measure(name, args.profile, args.repeats)
+        r = measure(name, args.profile, args.repeats, args.breakdown)
         print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s)")
         print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
         for suite, row in r["per_suite"].items():
@@ -165,6 +215,12 @@ def main() -> int:
             print(f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}")
         print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
         print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
+        if r["breakdown"]:
+            print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'harness':>8} {'hypothesis':>11}")
+            for suite, seconds in r["breakdown"].items():
+                print(f"  {suite:<16} " + " ".join(f"{1000 * x:>{w}.1f}" for x, w in zip(seconds, (9, 8, 11))))
+            totals = [1000 * sum(column) for column in zip(*r["breakdown"].values())]
+            print(f"  {'all':<16} " + " ".join(f"{x:>{w}.1f}" for x, w in zip(totals, (9, 8, 11))))
         ok &= r["ratio"] <= 1.3
     return 0 if ok else 1
 

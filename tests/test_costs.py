@@ -98,3 +98,21 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
         recorder.remove()
     assert recorded == plain
     assert recorder.calls and all(module is model for module, *_ in recorder.calls)
+
+
+def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_what_it_timed() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from audit_overhead import breakdown
+
+    from harness import runner
+    from reference_models import PRESETS, Transformer
+
+    model = Transformer(PRESETS["tiny-decoder"]).eval()
+    forward, run_check = Transformer.forward, runner.run_check
+    split = breakdown(model, "dev")
+    assert (Transformer.forward, runner.run_check) == (forward, run_check)
+    assert set(split) == {"causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint"}
+    assert all(seconds >= 0 for suite in split.values() for seconds in suite)
+    assert split["kv_cache"][0] > 0 and split["cross_attention"][0] == 0  # a decoder: no cross-attention forwards
