@@ -160,6 +160,10 @@ def aligned_outcome(
         return Outcome("pass", message="no real positions to compare")
     device = pairs[0][0].device
     diff, scale = compare_rows(torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]))  # [N]
+    max_diff = float(diff.max())
+    threshold = context.tolerance.shape_change(floor, context.dtype, scale)
+    if max_diff <= threshold:  # a pass (NaN compares false): no positions to name
+        return Outcome("pass", max_diff, floor, threshold)
     per_position = torch.zeros(len(pairs), max(ref.shape[0] for ref, _, _ in pairs), dtype=torch.float64)  # [P, L]
     flat = diff.cpu()
     offset = 0
@@ -167,11 +171,8 @@ def aligned_outcome(
         per_position[i, : ref.shape[0]] = flat[offset : offset + ref.shape[0]]
         offset += ref.shape[0]
     rows = [row for _, _, row in pairs]
-    max_diff = float(flat.max())
     nonfinite = [[rows[b], t] for b, t in torch.isinf(per_position).nonzero().tolist()] if max_diff == float("inf") else []
-    comparison = Comparison(max_diff, scale, per_position, nonfinite, rows, index_name)
-    threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
-    return verdict(comparison, floor, threshold, what)
+    return verdict(Comparison(max_diff, scale, per_position, nonfinite, rows, index_name), floor, threshold, what)
 
 
 def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:
