@@ -111,3 +111,22 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
     failing = [case for case in cases if sum(case.lengths) >= 12]
     assert len(failing) == 1 and failing[0].side == "right" and failing[0].seed == 0
     assert [case for case in cases if case not in failing] == [Case((1,), "right", 0)] * 9
+
+
+def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_full() -> None:
+    from hypothesis import Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from harness.suite import example_strategy
+
+    examples: list[tuple] = []
+
+    @hypothesis_seed(0)
+    @settings(max_examples=6, database=None, phases=[Phase.generate])
+    @given(example_strategy(padded_cases(12), 10))
+    def record(example: tuple) -> None:
+        examples.append(example)
+
+    record()
+    assert examples[0] == (PaddedCase(lengths=(1,), extra=1, side="right", seed=0),)
+    assert [len(example) for example in examples[1:]] == [10] * 5
