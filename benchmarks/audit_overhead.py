@@ -16,9 +16,9 @@ case of each suite, and the wall time of the audit. ``--breakdown`` adds one mor
 instrumented audit that splits each suite's time into the model's forwards, the
 harness's work around them (building cases, comparing, the adapter) and Hypothesis
 with the engine (drawing cases, running checks); its timers add a little overhead of
-their own, so its figures say where the time goes, not what the ratio is. ``gpt2-small`` is a random-init
-GPT-2 with the 124M-parameter shape (768 wide, 12 layers, 50257 tokens); the
-cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
+their own, so its figures say where the time goes, not what the ratio is.
+``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
+layers, 50257 tokens); the cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
 pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine.
 """
 
@@ -32,6 +32,7 @@ import functools
 import statistics
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -87,15 +88,16 @@ class Recorder:
         self.kind.forward = self.original  # type: ignore[method-assign]
 
 
-def run_audit(model: Any, profile: str, recorder: Recorder | None = None) -> tuple[float, dict[str, float], Any]:
-    """The audit's wall time, each suite's share of it, and the result."""
+def run_audit(model: Any, profile: str, follower: Any = None) -> tuple[float, dict[str, float], Any]:
+    """The audit's wall time, each suite's share of it, and the result; ``follower`` (a
+    Recorder, or any object with a ``suite`` attribute) is told which suite is running."""
     per_suite: dict[str, float] = {}
 
     def progress(event: str, suite: str, result: Any) -> None:
         if event == "start":
             per_suite[suite] = time.perf_counter()
-            if recorder is not None:
-                recorder.suite = suite
+            if follower is not None:
+                follower.suite = suite
         elif event == "done":
             per_suite[suite] = time.perf_counter() - per_suite[suite]
 
@@ -124,8 +126,7 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
     each case's evaluation."""
     forwards: dict[str, float] = collections.defaultdict(float)
     evaluating: dict[str, float] = collections.defaultdict(float)
-    suite_seconds: dict[str, float] = {}
-    current = {"suite": ""}
+    current = types.SimpleNamespace(suite="")
     kind, original_forward, original_run_check = type(model), type(model).forward, runner.run_check
 
     @functools.wraps(original_forward)
@@ -134,7 +135,7 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
         try:
             return original_forward(module, *args, **kwargs)
         finally:
-            forwards[current["suite"]] += time.perf_counter() - started
+            forwards[current.suite] += time.perf_counter() - started
 
     def timed_run_check(check: Any, context: Any) -> Any:
         def evaluate(case: Any) -> Any:
@@ -142,19 +143,13 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
             try:
                 return check.evaluate(case)
             finally:
-                evaluating[current["suite"]] += time.perf_counter() - started
+                evaluating[current.suite] += time.perf_counter() - started
 
         return original_run_check(dataclasses.replace(check, evaluate=evaluate), context)
 
-    def progress(event: str, suite: str, result: Any) -> None:
-        if event == "start":
-            current["suite"], suite_seconds[suite] = suite, time.perf_counter()
-        elif event == "done":
-            suite_seconds[suite] = time.perf_counter() - suite_seconds[suite]
-
     kind.forward, runner.run_check = timed_forward, timed_run_check  # type: ignore[method-assign]
     try:
-        audit(adapter_for(model), profile=profile, progress=progress)
+        _, suite_seconds, _ = run_audit(model, profile, current)
     finally:
         kind.forward, runner.run_check = original_forward, original_run_check  # type: ignore[method-assign]
     return {s: (forwards[s], evaluating[s] - forwards[s], total - evaluating[s]) for s, total in suite_seconds.items()}

@@ -146,8 +146,9 @@ def example_strategy(case: st.SearchStrategy[Any], size: int) -> st.SearchStrate
     only the minimal case. A fixed-size example would hold ``size`` copies of it there,
     whose drawing costs as much as random cases (a sixth of an audit's Hypothesis time)
     while the memo answers all but one. The shrinker may take a failing example there
-    when its first case is the one that fails, which only makes the report shorter."""
-    return _example(case, size)
+    when its first case is the one that fails, which only makes the report shorter. One
+    case per example needs no mark: the simplest example is the minimal case anyway."""
+    return _example(case, size) if size > 1 else st.tuples(case)
 
 
 def split_examples(cases: int, max_examples: int | None) -> tuple[int, int]:
@@ -201,7 +202,7 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     # Not a list with unique_by: Hypothesis fills one that starts from its simplest
     # choices with near-minimal cases (all right-padded single rows, say), a poor sample
     # when a profile draws only one or two examples.
-    strategy = example_strategy(check.strategy, per_example) if per_example > 1 else st.tuples(check.strategy)
+    strategy = example_strategy(check.strategy, per_example)
     generated: list[list[Any]] = []
 
     # Hypothesis hashes the source of the test it runs on every run (its database key): a

@@ -44,6 +44,11 @@ class PatternCase:
     seed: int
 
 
+# Built once: building st.integers(...) inside a draw costs a cache lookup per case.
+_ZERO_TO = [st.integers(0, n) for n in range(MAX_LENGTH + 1)]
+_BATCHES, _BOOLEANS, _SEEDS = st.integers(1, 3), st.booleans(), st.integers(0, 2**16)
+
+
 @st.composite
 def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_lengths: st.SearchStrategy[int]) -> FutureCase:
     length = draw(lengths)
@@ -57,11 +62,6 @@ def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_length
         source_length=draw(source_lengths),
         seed=draw(_SEEDS),
     )
-
-
-# Built once: building st.integers(...) inside a draw costs a cache lookup per case.
-_ZERO_TO = [st.integers(0, n) for n in range(MAX_LENGTH + 1)]
-_BATCHES, _BOOLEANS, _SEEDS = st.integers(1, 3), st.booleans(), st.integers(0, 2**16)
 
 
 def future_cases(max_length: int, encoder_decoder: bool) -> st.SearchStrategy[FutureCase]:

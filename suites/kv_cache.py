@@ -16,8 +16,9 @@ Checks (decoders and encoder-decoders that declare a cache)
   one per token (kv_cache took 40 of a GPT-2-small audit's 94 s that way, 27 of 81 s
   now), and scores the same tokens on both sides, so a near-tie of the argmax cannot make
   a row's tokens diverge. A bug of the cache itself, not of padding, fails here too (the
-  reference runs without a cache), but the ``incremental`` check names it. A model whose positions cannot follow the mask (no
-  position ids, as BART's decoder) gets a ``warn``: left padding shifts its positions.
+  reference runs without a cache), but the ``incremental`` check names it. A model whose
+  positions cannot follow the mask (no position ids, as BART's decoder) gets a ``warn``:
+  left padding shifts its positions.
 
 Cases cover what a sliding window needs: prompts and continuations longer than the window.
 """
@@ -188,18 +189,17 @@ class KVCacheSuite(Suite):
         tokens, logits = greedy(b.adapter, concat([batch, batch]), case.new_tokens)  # [2B, n], [2B, n, V]: the copy gives the floor
         size = batch.size
         floor = repeat_floor(logits, size, torch.ones(size, case.new_tokens, dtype=torch.bool))
-        pairs, own_choice = [], []
+        pairs = []
         for i, row in enumerate(rows):
             fed = torch.cat([row, tokens[i, :-1].to(row.device)])  # [P + n - 1]: the prompt and what the batch generated before the last step
             alone = b.adapter.logits(b.left_padded([fed], fed.numel(), case.source_padding, first_row=i))[0, row.numel() - 1 :]  # [n, V]
             pairs.append((alone, logits[i], i))
-            own_choice.append(alone.argmax(-1))
         what = f"greedy decoding of a left-padded batch of {size} rows with the cache differs from each row's own forward (alone, no cache) over the same tokens"
         outcome = aligned_outcome(context, pairs, floor, what)
         if outcome.status == "fail":
             diverged = []
-            for i, choice in enumerate(own_choice):
-                steps = (choice != tokens[i].to(choice.device)).nonzero().flatten()
+            for alone, _, i in pairs:
+                steps = (alone.argmax(-1) != tokens[i].to(alone.device)).nonzero().flatten()
                 if steps.numel():
                     diverged.append(f"row {i} at step {int(steps[0])}")
             if diverged:
