@@ -94,52 +94,76 @@ def tolerance_for(device: str, dtype: str, overrides: dict[str, dict[str, float]
 
 @dataclass
 class Comparison:
-    """The difference between two logit tensors at the compared positions."""
+    """The difference between two logit tensors at the compared positions.
 
-    max_diff: float
+    Kept as one value per compared position with its place, not as a ``[B, T]`` table: a
+    passing case (nearly all of them) needs only the largest difference, and building the
+    table took two tensor ops of every comparison."""
+
+    max_diff: float  # inf when any compared position is not finite
     scale: float
-    per_position: Tensor  # [B, T] float64, max over the vocabulary (0 where not compared)
-    nonfinite: list[list[int]]  # [row, position] pairs with NaN/inf in the tested logits
-    rows: list[int] | None = None  # the label of each row of per_position, when not its index
+    diff: Tensor  # [N] float64, max over the vocabulary at each compared position; inf where not finite
+    index: tuple[Tensor, Tensor]  # ([N], [N]): the row and the position of each
+    shape: tuple[int, int]  # [B, T], the rows and positions the index points into
+    rows: list[int] | None = None  # the label of each row, when not its index
     index_name: str = "row"  # what the row labels count (batch rows, packed sequences)
 
+    @property
+    def nonfinite(self) -> list[list[int]]:
+        """[row, position] pairs with NaN/inf in the compared logits."""
+        return self._labelled(torch.isinf(self.diff)) if self.max_diff == float("inf") else []
+
     def positions_over(self, threshold: float) -> list[list[int]]:
-        labels = self.rows or range(self.per_position.shape[0])
-        return [[labels[b], int(t)] for b, t in (self.per_position > threshold).nonzero().tolist()]
+        return self._labelled(self.diff > threshold)
+
+    @property
+    def per_position(self) -> Tensor:
+        """``[B, T]`` float64, the difference at each compared position (0 where not compared)."""
+        table = torch.zeros(self.shape, dtype=torch.float64, device=self.diff.device)
+        table[self.index] = self.diff
+        return table
+
+    def _labelled(self, selected: Tensor) -> list[list[int]]:
+        labels = self.rows or range(self.shape[0])
+        rows, positions = self.index[0][selected].tolist(), self.index[1][selected].tolist()
+        return [[labels[b], t] for b, t in zip(rows, positions)]
 
 
-def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True) -> tuple[Tensor, float]:
+def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True) -> tuple[Tensor, float, float]:
     """Per-row max |difference| between ``[N, V]`` rows of float64 log-softmax (``normalise=False``:
-    of the values as given), ``inf`` where either row holds NaN or inf; and the scale, the largest
-    compared logit or log-probability magnitude (at least 1; 1 when ``with_scale`` is off,
-    for a noise floor, which needs no threshold).
+    of the values as given), ``inf`` where either row holds NaN or inf; its largest value; and
+    the scale, the largest compared logit or log-probability magnitude (at least 1; 1 when
+    ``with_scale`` is off, for a noise floor, which needs no threshold).
 
     Bitwise-equal finite rows (every same-shape check of a correct model, and every repeat
     floor) skip the float64 pass: with a 50k vocabulary that pass is most of a check's cost.
     On a small model the small ops count too: the scale doubles as the finiteness test.
     """
     if reference.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.float64, device=reference.device), 1.0
+        return torch.zeros(0, dtype=torch.float64, device=reference.device), 0.0, 1.0
     if torch.equal(reference, test):  # False when either holds NaN
         # Bitwise-equal rows: only an inf is left to rule out, and the largest magnitude,
         # which the scale needs anyway, is finite exactly when every value is.
         largest = _largest(reference, normalise)
         if math.isfinite(largest):
-            return torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), (max(1.0, largest) if with_scale else 1.0)
-    ref, tst = reference.double(), test.double()
+            return torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), 0.0, (max(1.0, largest) if with_scale else 1.0)
+    logits = reference.double()
+    ref, tst = logits, test.double()
     if normalise:
-        ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
+        ref, tst = torch.log_softmax(logits, -1), torch.log_softmax(tst, -1)
     diff = (ref - tst).abs().amax(-1)  # [N]; NaN where either row holds NaN or inf
-    finite = diff.isfinite()
-    compared = reference
-    if not bool(finite.all()):
-        diff = diff.masked_fill(~finite, float("inf"))
-        compared = reference[finite]
-    return diff, (_scale(compared, normalise) if with_scale else 1.0)
-
-
-def _scale(rows: Tensor, normalise: bool) -> float:
-    return 1.0 if rows.numel() == 0 else max(1.0, _largest(rows, normalise))
+    max_diff = float(diff.max())  # NaN if any row is: max propagates it
+    if not math.isfinite(max_diff):
+        finite = diff.isfinite()
+        diff, max_diff = diff.masked_fill(~finite, float("inf")), float("inf")
+        logits, ref = logits[finite], ref[finite]
+    if not with_scale or logits.shape[0] == 0:
+        return diff, max_diff, 1.0
+    # The scale from what is at hand: log p <= 0, so the largest |log p| is -min(log p).
+    largest = float(logits.abs().amax())
+    if normalise:
+        largest = max(largest, -float(ref.amin()))
+    return diff, max_diff, max(1.0, largest)
 
 
 def _largest(rows: Tensor, normalise: bool) -> float:
@@ -161,18 +185,9 @@ def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bo
     infinite difference.
     """
     where = where.to(device=reference.device, dtype=torch.bool)
-    idx = where.nonzero(as_tuple=True)
-    per_position = torch.zeros(where.shape, dtype=torch.float64, device=reference.device)
-    diff, scale = compare_rows(reference[idx], test[idx], normalise, with_scale)  # [N]
-    if diff.numel() == 0:
-        return Comparison(0.0, 1.0, per_position, [])
-    per_position[idx] = diff
-    max_diff = float(diff.max())
-    nonfinite = []
-    if max_diff == float("inf"):
-        bad = torch.isinf(diff).nonzero().flatten().tolist()
-        nonfinite = [[int(idx[0][i]), int(idx[1][i])] for i in bad]
-    return Comparison(max_diff, scale, per_position, nonfinite)
+    index = where.nonzero(as_tuple=True)
+    diff, max_diff, scale = compare_rows(reference[index], test[index], normalise, with_scale)  # [N]
+    return Comparison(max_diff, scale, diff, index, (where.shape[0], where.shape[1]))
 
 
 def dtype_name(dtype: Any) -> str:

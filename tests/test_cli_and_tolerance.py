@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.tolerance import EPS, Tolerance, compare_logits, tolerance_for
+from harness.tolerance import (
+    EPS,
+    Tolerance,
+    compare_logits,
+    compare_rows,
+    tolerance_for,
+)
 
 
 def test_list_shows_suites_presets_and_seeded_bugs(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -95,6 +101,10 @@ def test_compare_logits_only_at_compared_positions_and_flags_nan() -> None:
     test[0, 2] = torch.tensor([5.0, 0, 0, 0])  # differs only at an uncompared position
     where = torch.tensor([[True, True, False]])
     assert compare_logits(reference, test, where).max_diff == 0
+    test[0, 1, 0] = 1.0
+    moved = compare_logits(reference, test, where)
+    assert moved.positions_over(0.1) == [[0, 1]] and moved.positions_over(moved.max_diff) == []
+    assert moved.per_position[0, 1] == moved.max_diff > 0 and moved.per_position[0, 0] == moved.per_position[0, 2] == 0
     test[0, 1, 0] = float("nan")
     comparison = compare_logits(reference, test, where)
     assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf")
@@ -105,6 +115,25 @@ def test_compare_logits_only_at_compared_positions_and_flags_nan() -> None:
         comparison = compare_logits(both, both.clone(), where)
         assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf"), bad
 
+
+
+def test_scale_is_the_largest_compared_logit_or_log_probability() -> None:
+    generator = torch.Generator().manual_seed(0)
+    reference = 3 * torch.randn(5, 7, generator=generator)
+    reference[0, 0] = -40.0  # a log-probability of about -40: the scale, above every |logit| but 40
+    logprobs = torch.log_softmax(reference.double(), -1)
+    expected = max(float(reference.abs().max()), float(-logprobs.min()))
+    differing = reference + 1e-3 * torch.randn(5, 7, generator=generator)
+    for test in (reference.clone(), differing):  # the bitwise-equal path and the float64 one
+        _, _, scale = compare_rows(reference, test)
+        assert scale == pytest.approx(expected, rel=1e-6)
+        _, _, raw_scale = compare_rows(reference, test, normalise=False)
+        assert raw_scale == pytest.approx(float(reference.abs().max()), rel=1e-6)
+    # A row whose test side is not finite leaves the scale to the others.
+    broken = differing.clone()
+    broken[0, 3] = float("nan")
+    diff, worst, scale = compare_rows(reference, broken)
+    assert diff[0] == worst == float("inf") and scale == pytest.approx(max(float(reference[1:].abs().max()), float(-logprobs[1:].min())), rel=1e-6)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_bfloat16_audit_runs() -> None:  # pragma: no cover - exercised on a GPU machine
