@@ -26,6 +26,7 @@ from .base import (
     PackingSetting,
     PickleRefused,
     call_model,
+    extend,
     load_tensors_only,
     positions_from_mask,
 )
@@ -336,8 +337,8 @@ class HFAdapter(Adapter):
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), mask, mask.long().sum(-1))
 
-    def _step(self, state: HFState, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, HFState]:
-        full_mask = torch.cat([state.mask, attention_mask.to(state.mask.dtype)], dim=1)  # [B, T_so_far + n]
+    def _step(self, state: HFState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, HFState]:
+        full_mask, positions, next_position = extend(state.mask, state.next_position, attention_mask, tokens.shape[1])
         inputs: dict[str, Any] = {self.cache_keyword: state.cache, "use_cache": True}  # type: ignore[dict-item]
         if self.task == "seq2seq":
             inputs.update(
@@ -349,9 +350,8 @@ class HFAdapter(Adapter):
         else:
             inputs.update(input_ids=tokens, attention_mask=full_mask)
             if self.capabilities.takes_position_ids:
-                inputs["position_ids"] = positions_from_mask(attention_mask, state.next_position)
+                inputs["position_ids"] = positions
         output = self._call(**inputs)
-        next_position = state.next_position + attention_mask.long().sum(-1)
         return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
 
     def fork(self, state: HFState) -> HFState:

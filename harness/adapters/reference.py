@@ -27,6 +27,7 @@ from .base import (
     Capabilities,
     CheckpointRecord,
     LayoutUnavailable,
+    extend,
     positions_from_mask,
 )
 
@@ -134,9 +135,8 @@ class ReferenceAdapter(Adapter):
             mask = torch.ones_like(batch.predicted_ids)
         return out.logits, ReferenceState(out.cache, mask, mask.long().sum(-1))
 
-    def _step(self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor) -> tuple[Tensor, ReferenceState]:
-        full_mask = torch.cat([state.mask, attention_mask.to(state.mask.dtype)], dim=1)  # [B, T_so_far + n]
-        positions = positions_from_mask(attention_mask, state.next_position)  # [B, n]
+    def _step(self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, ReferenceState]:
+        full_mask, positions, next_position = extend(state.mask, state.next_position, attention_mask, tokens.shape[1])
         model: Transformer = self.model
         if model.config.family == "encoder_decoder":
             out = model(
@@ -148,7 +148,6 @@ class ReferenceAdapter(Adapter):
             )
         else:
             out = model(tokens, full_mask, positions, cache=state.cache)
-        next_position = state.next_position + attention_mask.sum(-1, dtype=torch.long)
         return out.logits, ReferenceState(out.cache, full_mask, next_position)
 
 
