@@ -46,7 +46,7 @@ class SourceCase:
 def source_cases(max_length: int) -> st.SearchStrategy[SourceCase]:
     return case_strategy(
         SourceCase,
-        source_lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
+        source_lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3),
         extra=st.integers(1, 4),
         side=st.sampled_from(["right", "left"]),
         target_length=st.integers(1, max_length),

@@ -81,8 +81,8 @@ def source_paddings(capabilities: Capabilities) -> st.SearchStrategy[int]:
 def cache_cases(capabilities: Capabilities) -> st.SearchStrategy[CacheCase]:
     return case_strategy(
         CacheCase,
-        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=1, max_size=3).map(tuple),
-        chunks=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=MAX_CHUNKS).map(tuple),
+        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=1, max_size=3),
+        chunks=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=MAX_CHUNKS),
         source_padding=source_paddings(capabilities),
         seed=st.integers(0, 2**16),
     )
@@ -91,7 +91,7 @@ def cache_cases(capabilities: Capabilities) -> st.SearchStrategy[CacheCase]:
 def generation_cases(capabilities: Capabilities) -> st.SearchStrategy[GenerationCase]:
     return case_strategy(
         GenerationCase,
-        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=2, max_size=3).map(tuple),
+        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=2, max_size=3),
         new_tokens=st.integers(1, MAX_CHUNK * MAX_CHUNKS),
         source_padding=source_paddings(capabilities),
         seed=st.integers(0, 2**16),

@@ -55,7 +55,7 @@ def packed_cases(capabilities: Capabilities) -> st.SearchStrategy[PackedCase]:
     longest = max(1, min(MAX_SEGMENT, ((capabilities.max_length or 64) - 2) // 3))
     return case_strategy(
         PackedCase,
-        segment_lengths=st.lists(st.integers(1, longest), min_size=2, max_size=3).map(tuple),
+        segment_lengths=st.lists(st.integers(1, longest), min_size=2, max_size=3),
         changed=st.integers(0, 2),
         padding=st.integers(0, 2) if capabilities.packing == "segment_ids" else st.just(0),
         seed=st.integers(0, 2**16),

@@ -62,7 +62,7 @@ class CompositionCase:
 def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[PaddedCase]:
     return case_strategy(
         PaddedCase,
-        lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3).map(tuple),
+        lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3),
         extra=st.integers(min_extra, 4),
         side=st.sampled_from(["right", "left"]),
         seed=st.integers(0, 2**16),
@@ -70,7 +70,7 @@ def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[Padde
 
 
 def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
-    others = st.lists(st.integers(0, max_length), min_size=0, max_size=2).map(tuple)
+    others = st.lists(st.integers(0, max_length), min_size=0, max_size=2)
     return case_strategy(
         CompositionCase,
         length=st.integers(1, max_length),
