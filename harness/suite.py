@@ -176,12 +176,12 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     # A case seen before (a random case that repeats one, or the minimal case; in
     # shrinking, the passing cases beside the failing one and the failing one itself) is
     # answered from here, not by the model again.
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[Any, Outcome] = {}
 
     def evaluate_all(cases: list[Any]) -> None:
         nonlocal evaluated
         for case in cases:
-            key = repr(case)
+            key = _memo_key(case)
             outcome = outcomes.get(key)
             if outcome is None:
                 if context.deadline is not None and time.monotonic() > context.deadline:
@@ -248,6 +248,16 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
         message = f"{evaluated} cases; " + (o.message or f"worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}")
     case = case_to_dict(worst_seen["case"])
     return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case), evaluated, None
+
+
+def _memo_key(case: Any) -> Any:
+    """The case itself (cases are frozen dataclasses: hashing one is cheaper than its
+    repr); its repr for a case type that cannot be hashed."""
+    try:
+        hash(case)
+    except TypeError:
+        return repr(case)
+    return case
 
 
 def _failed(check: Check, failure: CaseFailed) -> CheckResult:
