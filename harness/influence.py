@@ -51,10 +51,13 @@ def measure_influence(adapter: Adapter, context: RunContext, row: Batch, seed: i
     logits = adapter.logits(concat(rows))  # [T_in + 2, T_out, V]
     where = outputs[None, :].to(logits.device)
     floor = compare_logits(logits[:1], logits[1:2], where).max_diff
-    # Every perturbation against the unperturbed row in one comparison: row j is input j's.
-    comparison = compare_logits(logits[:1].expand(length, -1, -1), logits[2:], where.expand(length, -1))
-    diff = comparison.per_position.T.cpu()  # [T_out, T_in]
-    threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
+    diff = torch.zeros(length_out, length, dtype=torch.float64)
+    scale = 1.0
+    for j in range(length):
+        comparison = compare_logits(logits[:1], logits[2 + j : 3 + j], where)
+        diff[:, j] = comparison.per_position[0].cpu()
+        scale = max(scale, comparison.scale)
+    threshold = context.tolerance.same_shape(floor, context.dtype, scale)
     return Influence(diff, floor, threshold, outputs, inputs)
 
 
