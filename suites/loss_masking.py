@@ -97,12 +97,13 @@ class LossMaskingSuite(Suite):
             # left-padded, a pad slot would predict it. Label it -100 so both agree.
             first_real = mask.argmax(-1)
             labels[torch.arange(len(rows)), first_real] = IGNORE
-        generator = torch.Generator().manual_seed(case.seed)
-        for i in range(len(rows) if case.ignored else 0):
-            real = (labels[i] != IGNORE).nonzero().flatten()
-            n = real.numel()
-            chosen = real[torch.randperm(n, generator=generator)[: max(0, min(case.ignored, n - 1))]]
-            labels[i, chosen] = IGNORE
+        if case.ignored:  # up to that many valid targets a row become -100, never all of them
+            generator = torch.Generator().manual_seed(case.seed)
+            for i in range(len(rows)):
+                real = (labels[i] != IGNORE).nonzero().flatten()
+                n = real.numel()
+                chosen = real[torch.randperm(n, generator=generator)[: max(0, min(case.ignored, n - 1))]]
+                labels[i, chosen] = IGNORE
         ids, mask, labels = ids.to(caps.device), mask.to(caps.device), labels.to(caps.device)
         if caps.family == "encoder_decoder":
             source = random_ids(case.seed + 3, (len(rows), 4), caps.vocab_size, pad, caps.device)
