@@ -46,13 +46,11 @@ def perturb(ids: Tensor, where: Tensor, vocab_size: int, seed: int, avoid: int |
     """A copy of ``ids`` with every position in ``where [B, T]`` changed to another id."""
     generator = torch.Generator().manual_seed(seed + 1_000_003)
     offset = torch.randint(1, max(2, vocab_size - 1), ids.shape, generator=generator).to(ids.device)
-    changed = (ids + offset) % vocab_size
+    changed = offset.add_(ids).remainder_(vocab_size)  # never the original id: 0 < offset < V - 1
     if avoid is not None and vocab_size > 2:
-        # Skip the pad id and keep the id different from the original.
-        clash = changed == avoid
-        changed = torch.where(clash, (changed + 1) % vocab_size, changed)
-        changed = torch.where(changed == ids, (changed + 1) % vocab_size, changed)
-        changed = torch.where(changed == avoid, (changed + 1) % vocab_size, changed)
+        # Step past the pad id, then past the original id, then past the pad id again.
+        for skip in (avoid, ids, avoid):
+            changed.add_(changed == skip).remainder_(vocab_size)
     return torch.where(where.bool(), changed, ids)
 
 
