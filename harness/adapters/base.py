@@ -255,8 +255,9 @@ class Adapter(abc.ABC):
 
 def extend(mask: Tensor, next_position: Tensor, attention_mask: Tensor | None, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """For ``n`` appended tokens: the mask so far ``[B, T + n]``, their position ids ``[B, n]``
-    and the next position ``[B]``. ``attention_mask`` None (every token real, as in decoding)
-    needs no cumulative sum: a fifth of a decoding step's own work on a small model."""
+    and the next position ``[B]``. ``attention_mask`` None means every token is real (every
+    decoding step the suites take): positions then follow ``next_position`` without the
+    cumulative sum a mask needs."""
     if attention_mask is None:
         appended = torch.ones(mask.shape[0], n, dtype=mask.dtype, device=mask.device)
         positions = next_position[:, None] + torch.arange(n, device=next_position.device)
