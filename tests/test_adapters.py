@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.adapters.base import AdapterError, Batch, Capabilities
+from harness.adapters.base import AdapterError, Batch, Capabilities, extend
 from harness.adapters.hf import HFAdapter
 from harness.adapters.module import ModuleAdapter
 from harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
@@ -82,6 +82,19 @@ def test_hf_prefill_and_steps_equal_full_forward(name: str) -> None:
         step_logits, state = adapter.step(state, tokens[:, start : start + 1])
         pieces.append(step_logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+def test_a_step_with_no_mask_is_a_step_whose_tokens_are_all_real() -> None:
+    mask, next_position = torch.tensor([[0, 1, 1], [1, 1, 1]]), torch.tensor([2, 3])  # left-padded row 0
+    unmasked = extend(mask, next_position, None, 2)
+    all_real = extend(mask, next_position, torch.ones(2, 2, dtype=torch.long), 2)
+    for a, b in zip(unmasked, all_real):
+        assert torch.equal(a, b)
+    assert unmasked[1].tolist() == [[2, 3], [3, 4]] and unmasked[2].tolist() == [4, 5]
+    # An appended pad slot takes no position: the real token after it continues the count.
+    full, positions, after = extend(mask, next_position, torch.tensor([[0, 1], [1, 1]]), 2)
+    assert full.tolist() == [[0, 1, 1, 0, 1], [1, 1, 1, 1, 1]]
+    assert positions[0, 1] == 2 and positions[1].tolist() == [3, 4] and after.tolist() == [3, 5]
 
 
 class OldCacheKeyword(torch.nn.Module):
