@@ -116,11 +116,10 @@ def test_compare_logits_only_at_compared_positions_and_flags_nan() -> None:
         assert comparison.nonfinite == [[0, 1]] and comparison.max_diff == float("inf"), bad
 
 
-
 def test_scale_is_the_largest_compared_logit_or_log_probability() -> None:
     generator = torch.Generator().manual_seed(0)
     reference = 3 * torch.randn(5, 7, generator=generator)
-    reference[0, 0] = -40.0  # a log-probability of about -40: the scale, above every |logit| but 40
+    reference[0, 0] = -40.0  # its log-probability, below -40, is the largest magnitude: the scale
     logprobs = torch.log_softmax(reference.double(), -1)
     expected = max(float(reference.abs().max()), float(-logprobs.min()))
     differing = reference + 1e-3 * torch.randn(5, 7, generator=generator)
