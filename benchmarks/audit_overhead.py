@@ -19,7 +19,10 @@ with the engine (drawing cases, running checks); its timers add a little overhea
 their own, so its figures say where the time goes, not what the ratio is.
 ``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
 layers, 50257 tokens); the cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
-pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine.
+pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine. ``--device cuda``
+and ``--dtype bfloat16|float16`` time the audit as deployed on a GPU: every timed forward
+then ends with ``torch.cuda.synchronize()`` (the audit's own comparisons wait for the GPU
+anyway), so the bare time is the GPU's work, not the launches'.
 """
 
 from __future__ import annotations
@@ -88,6 +91,12 @@ class Recorder:
         self.kind.forward = self.original  # type: ignore[method-assign]
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a timer read after it counts that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_audit(model: Any, profile: str, follower: Any = None) -> tuple[float, dict[str, float], Any]:
     """The audit's wall time, each suite's share of it, and the result; ``follower`` (a
     Recorder, or any object with a ``suite`` attribute) is told which suite is running."""
@@ -102,8 +111,11 @@ def run_audit(model: Any, profile: str, follower: Any = None) -> tuple[float, di
             per_suite[suite] = time.perf_counter() - per_suite[suite]
 
     adapter = adapter_for(model)
+    device = next(model.parameters()).device
+    synchronize(device)
     started = time.perf_counter()
     result = audit(adapter, profile=profile, progress=progress)
+    synchronize(device)
     return time.perf_counter() - started, per_suite, result
 
 
@@ -114,8 +126,11 @@ def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> dict[str, f
     with torch.inference_mode():
         for module, args, kwargs, suite in calls:
             args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
+            device = next(module.parameters()).device
+            synchronize(device)
             started = time.perf_counter()
             module(*args, **kwargs)
+            synchronize(device)
             per_suite[suite] = per_suite.get(suite, 0.0) + time.perf_counter() - started
     return per_suite
 
@@ -131,10 +146,13 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
 
     @functools.wraps(original_forward)
     def timed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        device = next(module.parameters()).device
+        synchronize(device)
         started = time.perf_counter()
         try:
             return original_forward(module, *args, **kwargs)
         finally:
+            synchronize(device)
             forwards[current.suite] += time.perf_counter() - started
 
     def timed_run_check(check: Any, context: Any) -> Any:
@@ -155,8 +173,8 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
     return {s: (forwards[s], evaluating[s] - forwards[s], total - evaluating[s]) for s, total in suite_seconds.items()}
 
 
-def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False) -> dict[str, Any]:
-    model = MODELS[name]()
+def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False, device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
+    model = MODELS[name]().to(device=device, dtype=getattr(torch, dtype))
     parameters = sum(p.numel() for p in model.parameters())
     run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
     recorder = Recorder(model)
@@ -181,6 +199,7 @@ def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False)
     return {
         "model": name,
         "parameters": parameters,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "forwards": len(recorder.calls),
         "audit": audit_time,
         "bare": bare_time,
@@ -197,13 +216,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
     parser.add_argument("--breakdown", action="store_true", help="also split each suite's time into forwards, harness and Hypothesis (one more audit)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the model's compute dtype (default: float32)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:
-        r = measure(name, args.profile, args.repeats, args.breakdown)
-        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s)")
+        r = measure(name, args.profile, args.repeats, args.breakdown, args.device, args.dtype)
+        where = f"{args.device} {args.dtype}" if (args.device, args.dtype) != ("cpu", "float32") else f"{args.threads} thread(s)"
+        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}")
         print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
         for suite, row in r["per_suite"].items():
             per_case = f"{row['forwards'] / row['cases']:.2f}" if row["cases"] else "-"

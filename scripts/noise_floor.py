@@ -1,7 +1,8 @@
 """Measure the noise floors behind the default tolerance table (harness/tolerance.py).
 
 Runs every check of the mask, packing and kv_cache suites on clean models (reference presets and tiny
-Hugging Face models, eager and sdpa) in float32, bfloat16 and float16 on this CPU, and
+Hugging Face models, eager and sdpa) in float32, bfloat16 and float16 on this CPU (or
+on a GPU with ``--device cuda``: the floors behind the CUDA rows of the table), and
 prints the largest difference of each kind in units of ``eps(dtype) * scale``: the
 numbers the ``*_ulps`` defaults must stay well above. For bfloat16 and float16 it also
 prints FlashAttention's reference error (``vs_float32``), as every low-precision audit
@@ -11,7 +12,7 @@ low-precision computations side by side, each within that error of the float32 r
 so the shape-changing threshold must stay above twice it. Clean models only: any
 difference measured here is floating-point noise, not a leak.
 
-    python scripts/noise_floor.py [--examples 10]
+    python scripts/noise_floor.py [--examples 10] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ SHAPE_CHANGING = {
 NOT_NOISE = {"declared_pattern", "positions_from_mask", "settings", "metadata", "fingerprint", "behaviour"}
 
 
-def models(dtype: torch.dtype):  # type: ignore[no-untyped-def]
+def models(dtype: torch.dtype, device: str):  # type: ignore[no-untyped-def]
     for name, config in PRESETS.items():
         torch.manual_seed(0)
-        yield f"ref:{name}", Transformer(config).to(dtype)
+        yield f"ref:{name}", Transformer(config).to(device=device, dtype=dtype)
     for name in TINY_CONFIGS:
         for implementation in ("eager", "sdpa"):
-            yield f"hf:{name}/{implementation}", tiny_model(name, implementation).to(dtype)
+            yield f"hf:{name}/{implementation}", tiny_model(name, implementation).to(device=device, dtype=dtype)
 
 
 def measure(check: Check, examples: int) -> float:
@@ -81,12 +82,13 @@ def measure(check: Check, examples: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=10)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
     suites = [load_suite(n) for n in ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache")]
     print(f"{'dtype':<10} {'kind':<14} {'worst (eps*scale)':>18}  where")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
-        for spec, model in models(dtype):
+        for spec, model in models(dtype, args.device):
             adapter = adapter_for(model, spec)
             value = measure_reference_error(adapter)  # None in float32
             if value is not None:

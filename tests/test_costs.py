@@ -116,3 +116,16 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
     assert set(split) == {"causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint"}
     assert all(seconds >= 0 for suite in split.values() for seconds in suite)
     assert split["kv_cache"][0] > 0 and split["cross_attention"][0] == 0  # a decoder: no cross-attention forwards
+
+
+def test_the_overhead_benchmark_runs_the_model_in_the_dtype_asked() -> None:
+    """``--dtype bfloat16`` (with ``--device cuda``, the prepared GPU run): the audit and the
+    replayed forwards both run the low-precision model."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from audit_overhead import measure
+
+    result = measure("tiny-reference", "dev", repeats=1, dtype="bfloat16")
+    assert result["dtype"] == "bfloat16" and result["forwards"] > 0 and result["bare"] > 0
+    assert {row["status"] for row in result["per_suite"].values()} <= {"pass", "warn", "not_applicable"}
