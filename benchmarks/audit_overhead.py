@@ -33,20 +33,18 @@ import copy
 import dataclasses
 import functools
 import statistics
-import sys
 import time
 import types
 import warnings
-from pathlib import Path
 from typing import Any, Callable
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from maskcheck.harness import runner  # noqa: E402
+from maskcheck.harness.specs import adapter_for  # noqa: E402
 
-from harness import audit, runner  # noqa: E402
-from harness.specs import adapter_for  # noqa: E402
+from maskcheck import audit  # noqa: E402
 
 
 def gpt2_small() -> Any:
@@ -58,7 +56,7 @@ def gpt2_small() -> Any:
 
 
 def tiny_reference() -> Any:
-    from reference_models import PRESETS, Transformer
+    from maskcheck.reference_models import PRESETS, Transformer
 
     torch.manual_seed(0)
     return Transformer(PRESETS["tiny-decoder"]).eval()

@@ -1,13 +1,12 @@
 """Supplying a model through the plugin's hook (for models that are not importable factories)."""
 
-from harness.testing import ModelEntry
+from maskcheck import ModelEntry
 
 
 def pytest_maskcheck_models(config):
     def sliding_window_decoder():
         import torch
-
-        from reference_models import PRESETS, Transformer
+        from maskcheck.reference_models import PRESETS, Transformer
 
         torch.manual_seed(0)
         return Transformer(PRESETS["tiny-decoder-sliding"])

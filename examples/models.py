@@ -5,8 +5,7 @@ never at collection, so every pytest-xdist worker collects the same tests cheapl
 def decoder():
     """Your model here; a maskcheck reference decoder stands in for it."""
     import torch
-
-    from reference_models import PRESETS, Transformer
+    from maskcheck.reference_models import PRESETS, Transformer
 
     torch.manual_seed(0)
     return Transformer(PRESETS["tiny-decoder-gqa"])
@@ -14,6 +13,6 @@ def decoder():
 
 def encoder_decoder():
     """A Hugging Face model works the same way (here random weights from a tiny config)."""
-    from reference_models.hf_tiny import tiny_model
+    from maskcheck.reference_models.hf_tiny import tiny_model
 
     return tiny_model("bart", "sdpa")

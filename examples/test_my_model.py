@@ -1,8 +1,7 @@
 """The suites for one model, inside your own test module, in one line."""
 
+from maskcheck import maskcheck_tests
 from models import decoder
-
-from harness.testing import maskcheck_tests
 
 test_decoder_cache_and_packing = maskcheck_tests(decoder, suites=["kv_cache", "packing"], name="gqa-decoder")
 

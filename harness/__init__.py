@@ -1,23 +1,12 @@
 """maskcheck's engine: adapters, cases, tolerance, runner, report, CLI and pytest plugin.
 
-``from harness import audit`` is the Python API. Importing this package does not import
-torch; the names below load on first use so the pytest plugin stays cheap.
+Installed as ``maskcheck.harness``. The public API is the top-level ``maskcheck``
+package (``from maskcheck import audit``). Importing this package imports nothing
+else, so the pytest plugin (``maskcheck.harness.plugin``) stays cheap to load.
 """
 
-from __future__ import annotations
+if not __name__.startswith("maskcheck."):  # pragma: no cover - a second copy of the package
+    # Loaded by its bare name (the repository root on sys.path): a second module object
+    # beside maskcheck.harness, and the name a user's own package may have.
+    raise ImportError(f"import {__name__} as maskcheck.{__name__} (pip install -e . from the repository root)")
 
-from typing import Any
-
-__all__ = ["audit", "AuditResult", "LoadOptions", "SpecError", "load_adapter"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("audit", "AuditResult"):
-        from . import runner
-
-        return getattr(runner, name)
-    if name in ("LoadOptions", "SpecError", "load_adapter"):
-        from . import specs
-
-        return getattr(specs, name)
-    raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -8,6 +8,7 @@ case gives the same ids in every process.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import torch
@@ -123,6 +124,8 @@ def shape_change_outcome(
 
 def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -> Outcome:
     """Turn a comparison into pass/fail with a message that prints measured, floor and threshold."""
+    if not math.isfinite(floor):
+        return nonfinite_floor(floor, threshold, what)
     nonfinite = comparison.nonfinite
     if nonfinite:
         return Outcome("fail", float("inf"), floor, threshold, nonfinite, f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}")
@@ -134,6 +137,13 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
         )
         return Outcome("fail", comparison.max_diff, floor, threshold, positions, message)
     return Outcome("pass", comparison.max_diff, floor, threshold, [], "")
+
+
+def nonfinite_floor(floor: float, threshold: float, what: str) -> Outcome:
+    """A repeat floor that is NaN or inf: the model's own output at a compared position is
+    not finite, so no threshold can be derived and nothing can pass."""
+    message = f"{what}: the model's output is NaN/inf at compared positions (noise floor {floor}), so the outputs cannot be compared"
+    return Outcome("fail", float("inf"), floor, threshold, [], message)
 
 
 def real_logits(logits: Tensor, mask: Tensor, row: int) -> Tensor:
@@ -155,6 +165,8 @@ def aligned_outcome(
     pairs = [(ref, tst, row) for ref, tst, row in pairs if ref.shape[0]]
     if not pairs:
         return Outcome("pass", message="no real positions to compare")
+    if not math.isfinite(floor):
+        return nonfinite_floor(floor, float("nan"), what)
     device = pairs[0][0].device
     diff, max_diff, scale = compare_rows(torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]))  # [N]
     threshold = context.tolerance.shape_change(floor, context.dtype, scale)

@@ -157,9 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_list() -> int:
-    from reference_models import PRESETS, SHIPPED
-    from reference_models.mutants import MUTANTS
-
+    from ..reference_models import PRESETS, SHIPPED
+    from ..reference_models.mutants import MUTANTS
     from .registry import load_suite, probe_names, suite_names
 
     print("Suites:")

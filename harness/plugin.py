@@ -3,7 +3,7 @@
 ``pytest --maskcheck-model SPEC`` (repeatable) adds one test per suite per model,
 ``maskcheck::test_maskcheck[SUITE-SPEC]``, so ``-k causal`` or ``-k "hf:./ckpt"`` select
 them. Collection never builds a model; a suite that does not apply is skipped with its
-reason; ``warn`` becomes a :class:`harness.testing.MaskcheckWarning`; a failure prints the
+reason; ``warn`` becomes a :class:`maskcheck.harness.testing.MaskcheckWarning`; a failure prints the
 verdict and the reproduction bundle's path; each check's max diff, floor and threshold go
 into the JUnit XML as properties.
 

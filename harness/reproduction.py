@@ -32,7 +32,10 @@ from .adapters.base import Adapter, Batch
 from .suite import Outcome, RunContext
 from .tolerance import Tolerance
 
-BUNDLE_FORMAT = 1
+#: 2: maskcheck 0.2 moved every module under the maskcheck namespace (case types read
+#: ``maskcheck.suites.padding:PaddedCase``); format 1 bundles are read by renaming them.
+BUNDLE_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 CASE_FILE = "case.json"
 INPUTS_FILE = "inputs.safetensors"
 
@@ -110,7 +113,7 @@ def weights_hash(spec: str | None) -> str | None:
     path = Path(target)
     if scheme not in ("hf", "ref") or not path.exists():
         return None
-    from reference_models import weights_hash as file_hash
+    from ..reference_models import weights_hash as file_hash
 
     if not path.is_dir():
         return file_hash(path)
@@ -233,7 +236,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.reproduction import replay_check
+from maskcheck.harness.reproduction import replay_check
 
 BUNDLE = Path(__file__).resolve().parent
 {factory}
@@ -281,12 +284,24 @@ def load_bundle(path: str | Path) -> dict[str, Any]:
         raise BundleError(f"{file} is not valid JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("checks"), list) or not isinstance(data.get("suite"), str):
         raise BundleError(f"{file} is not a maskcheck bundle (no suite or checks)")
-    if data.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{file} has bundle format {data.get('format')!r}; this maskcheck reads format {BUNDLE_FORMAT}")
+    if data.get("format") not in READABLE_FORMATS:
+        raise BundleError(f"{file} has bundle format {data.get('format')!r}; this maskcheck reads formats {', '.join(map(str, READABLE_FORMATS))}")
     for record in data["checks"]:
         if not isinstance(record, dict) or not isinstance(record.get("check"), str) or not isinstance(record.get("case"), dict):
             raise BundleError(f"{file}: a check entry lacks its name or case")
+    if data["format"] == 1:
+        for record in data["checks"]:
+            record["case"] = _renamed_case_type(record["case"])
     return data
+
+
+def _renamed_case_type(case: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 case record with its type under the maskcheck namespace
+    (``suites.padding:PaddedCase`` -> ``maskcheck.suites.padding:PaddedCase``)."""
+    kind = case.get("type")
+    if isinstance(kind, str) and kind.split(".")[0] in ("harness", "suites", "reference_models"):
+        return {**case, "type": f"maskcheck.{kind}"}
+    return case
 
 
 def replay(path: str | Path, model: Any = None, device: str | None = None) -> list[ReplayResult]:

@@ -124,14 +124,14 @@ def audit(
 
     ``report_dir`` receives the pictures of failing mask suites and, like ``bundle_dir``
     (which defaults to it), one reproduction bundle per failing suite (``repro-<suite>/``).
-    ``profile`` is one of harness.profiles.PROFILES; ``examples`` replaces its case count.
+    ``profile`` is one of maskcheck.harness.profiles.PROFILES; ``examples`` replaces its case count.
     ``timeout`` limits each suite (seconds): checks it cuts short are ``not_run``.
     ``known_findings`` turn matching failures into ``warn`` until they expire.
     ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
     their grids and pictures go to ``report_dir`` when one is given.
 
-    Raises :class:`harness.specs.SpecError` when the model cannot be loaded and
-    :class:`harness.registry.UnknownSuiteError` for an unknown suite name.
+    Raises :class:`maskcheck.harness.specs.SpecError` when the model cannot be loaded and
+    :class:`maskcheck.harness.registry.UnknownSuiteError` for an unknown suite name.
     """
     adapter = load_adapter(model, options) if isinstance(model, str) else adapter_for(model)
     names = list(suites) if suites else suite_names()

@@ -5,7 +5,7 @@
 | ``ref:PRESET`` | a reference preset (a name: no ``/``, no ``.safetensors``) |
 | ``ref:kv-retrieval`` | a checkpoint shipped with maskcheck (``reference_models.SHIPPED``) |
 | ``ref:PATH`` | a reference checkpoint |
-| ``mutant:NAME`` | a seeded bug from ``reference_models.mutants`` |
+| ``mutant:NAME`` | a seeded bug from ``maskcheck.reference_models.mutants`` |
 | ``hf:DIR`` | a Hugging Face directory (config.json + safetensors) |
 | ``module:pkg.mod:factory`` | a factory returning a PreTrainedModel, an nn.Module or an adapter |
 
@@ -107,7 +107,7 @@ def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None
 
     if isinstance(model, Adapter):
         return model
-    from reference_models import Transformer
+    from ..reference_models import Transformer
 
     if isinstance(model, Transformer):
         from .adapters.reference import ReferenceAdapter
@@ -147,7 +147,7 @@ def _is_pretrained(model: Any) -> bool:
 
 
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from reference_models import (
+    from ..reference_models import (
         PRESETS,
         SHIPPED,
         CheckpointError,
@@ -155,7 +155,6 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
         load_checkpoint,
         read_config,
     )
-
     from .adapters.reference import checkpoint_record, trained_length
 
     if target in SHIPPED:
@@ -190,8 +189,7 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 def _reference_pickle(target: str, options: LoadOptions) -> Any:
     """A reference model from a torch.save'd ``{"config": {...}, "state_dict": {...}}``, only with --allow-pickle."""
-    from reference_models import ModelConfig, Transformer
-
+    from ..reference_models import ModelConfig, Transformer
     from .adapters.base import PickleRefused, load_tensors_only
 
     if not options.allow_pickle:
@@ -246,7 +244,7 @@ def _coerce(value: Any, current: Any) -> Any:
 
 
 def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from reference_models import mutants
+    from ..reference_models import mutants
 
     try:
         model = mutants.build(target)

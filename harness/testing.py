@@ -3,7 +3,7 @@
 Imports torch only when a test runs. A test author generates the suite tests for their
 own model in one line::
 
-    from harness.testing import maskcheck_tests
+    from maskcheck import maskcheck_tests
 
     test_my_model = maskcheck_tests(build_my_model, suites=["causal", "padding", "kv_cache"])
 

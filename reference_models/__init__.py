@@ -3,6 +3,11 @@
 This package depends on torch and safetensors only, never on the rest of maskcheck.
 """
 
+if not __name__.startswith("maskcheck."):  # pragma: no cover - a second copy of the package
+    # Loaded by its bare name (the repository root on sys.path): a second module object
+    # beside maskcheck.reference_models, and the name a user's own package may have.
+    raise ImportError(f"import {__name__} as maskcheck.{__name__} (pip install -e . from the repository root)")
+
 from .checkpoint import (
     CheckpointError,
     fingerprint_ids,

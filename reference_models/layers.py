@@ -79,7 +79,7 @@ class Attention(nn.Module):
     """Multi-head attention with MHA / GQA / MQA key-value heads.
 
     The mask passed to :meth:`forward` is bool ``[B, Tq, Tk]`` with True = may attend
-    (see :mod:`reference_models.masks`). A query that may attend to nothing (a padded
+    (see :mod:`maskcheck.reference_models.masks`). A query that may attend to nothing (a padded
     slot under left padding) gets a uniform average instead of NaN; its output is
     never read by a real position.
     """

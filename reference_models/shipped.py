@@ -1,7 +1,7 @@
 """Checkpoints shipped with maskcheck as package data, by name (``ref:NAME``).
 
 ``kv-retrieval``: a 2-layer decoder with token shift trained on the synthetic key-value
-retrieval task of :mod:`reference_models.retrieval` (sequences up to 64 tokens). Its
+retrieval task of :mod:`maskcheck.reference_models.retrieval` (sequences up to 64 tokens). Its
 training run is in its metadata; ``scripts/train_reference.py`` retrains it.
 """
 

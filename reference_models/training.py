@@ -9,7 +9,7 @@ Tasks
 - ``copy_spans``: random tokens in which spans of earlier tokens recur later, as names and
   phrases recur in text; predicting a recurring span is what induction heads learn.
 - ``kv_retrieval``: key-value pairs hidden in filler, then a question; only the answer is
-  labelled (:mod:`reference_models.retrieval`).
+  labelled (:mod:`maskcheck.reference_models.retrieval`).
 """
 
 from __future__ import annotations

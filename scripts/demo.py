@@ -8,17 +8,15 @@ or the seeded bug is not caught.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from harness.cli import main  # noqa: E402
-from reference_models import Transformer, preset, save_checkpoint  # noqa: E402
-from reference_models.hf_tiny import tiny_model  # noqa: E402
+from maskcheck.harness.cli import main
+from maskcheck.reference_models import Transformer, preset, save_checkpoint
+from maskcheck.reference_models.hf_tiny import tiny_model
 
 
 def write_checkpoints(directory: Path) -> tuple[Path, Path]:

@@ -35,7 +35,7 @@ step() {
     # The 124M checkpoint stays outside $OUT: only small files come back from a lent machine.
     step "$python" -c "import sys; sys.path.insert(0, 'benchmarks'); from audit_overhead import gpt2_small; gpt2_small().save_pretrained('/tmp/gpt2-small')"
     for dtype in bfloat16 float16; do
-        step "$python" -m harness.cli audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
-        step "$python" -m harness.cli audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
+        step "$python" -m maskcheck.harness.cli audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
+        step "$python" -m maskcheck.harness.cli audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
     done
 } 2>&1 | tee "$out/gpu-check.log"

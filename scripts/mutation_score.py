@@ -10,20 +10,18 @@ with zero false positives.
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
-from pathlib import Path
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import audit  # noqa: E402
-from harness.adapters.hf import HFAdapter  # noqa: E402
-from harness.registry import suite_names  # noqa: E402
-from reference_models import PRESETS  # noqa: E402
-from reference_models.hf_tiny import TINY_CONFIGS, tiny_model  # noqa: E402
-from reference_models.mutants import MUTANTS  # noqa: E402
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.registry import suite_names
+from maskcheck.reference_models import PRESETS
+from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
+from maskcheck.reference_models.mutants import MUTANTS
+
+from maskcheck import audit
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ on a GPU with ``--device cuda``: the floors behind the CUDA rows of the table), 
 prints the largest difference of each kind in units of ``eps(dtype) * scale``: the
 numbers the ``*_ulps`` defaults must stay well above. For bfloat16 and float16 it also
 prints FlashAttention's reference error (``vs_float32``), as every low-precision audit
-measures it (harness.tolerance.measure_reference_error): the low-precision model against
+measures it (maskcheck.harness.tolerance.measure_reference_error): the low-precision model against
 a float32 copy of the same weights on one batch. A shape-changing comparison puts two
 low-precision computations side by side, each within that error of the float32 result,
 so the shape-changing threshold must stay above twice it. Clean models only: any
@@ -18,23 +18,19 @@ difference measured here is floating-point noise, not a leak.
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from collections import defaultdict
-from pathlib import Path
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-
-from harness.registry import load_suite  # noqa: E402
-from harness.specs import adapter_for  # noqa: E402
-from harness.suite import Check, RunContext  # noqa: E402
-from harness.tolerance import Tolerance, measure_reference_error  # noqa: E402
-from reference_models import PRESETS, Transformer  # noqa: E402
-from reference_models.hf_tiny import TINY_CONFIGS, tiny_model  # noqa: E402
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from maskcheck.harness.registry import load_suite
+from maskcheck.harness.specs import adapter_for
+from maskcheck.harness.suite import Check, RunContext
+from maskcheck.harness.tolerance import Tolerance, measure_reference_error
+from maskcheck.reference_models import PRESETS, Transformer
+from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 
 # threshold = eps * scale exactly, so outcome.ratio is the difference in units of eps * scale.
 UNIT = Tolerance(same_shape_ulps=1, shape_change_k=0, shape_change_ulps=1)

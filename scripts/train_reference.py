@@ -21,16 +21,12 @@ import json
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-from harness.specs import SpecError, override_config  # noqa: E402
-from reference_models import ModelConfig, save_checkpoint  # noqa: E402
-from reference_models.retrieval import VOCAB_KEY, RetrievalVocab  # noqa: E402
-from reference_models.training import TASKS, TrainingRun, train  # noqa: E402
+import torch
+from maskcheck.harness.specs import SpecError, override_config
+from maskcheck.reference_models import ModelConfig, save_checkpoint
+from maskcheck.reference_models.retrieval import VOCAB_KEY, RetrievalVocab
+from maskcheck.reference_models.training import TASKS, TrainingRun, train
 
 
 def main(argv: list[str] | None = None) -> int:

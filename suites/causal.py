@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import pad_token, perturb, random_ids, same_shape_outcome
-from harness.influence import expected_pattern, measure_influence
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.cases import pad_token, perturb, random_ids, same_shape_outcome
+from ..harness.influence import expected_pattern, measure_influence
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 16
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import (
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.cases import (
     aligned_outcome,
     concat,
     left_padding_caveat,
@@ -27,9 +27,9 @@ from harness.cases import (
     repeat_floor,
     same_shape_outcome,
 )
-from harness.influence import measure_influence
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.influence import measure_influence
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 10
 

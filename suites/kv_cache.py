@@ -31,8 +31,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import (
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.cases import (
     RowBatches,
     aligned_outcome,
     concat,
@@ -43,8 +43,8 @@ from harness.cases import (
     repeat_floor,
     shape_change_outcome,
 )
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_CHUNK = 4
 MAX_CHUNKS = 4

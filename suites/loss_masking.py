@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import (
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.cases import (
     left_padding_caveat,
     pad_rows,
     pad_token,
@@ -29,8 +29,8 @@ from harness.cases import (
     random_ids,
     random_rows,
 )
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 IGNORE = -100
 MAX_LENGTH = 12

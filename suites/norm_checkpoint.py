@@ -29,11 +29,11 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.adapters.base import Adapter, Batch, Capabilities, LayoutUnavailable
-from harness.cases import pad_token, random_ids, shape_change_outcome
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
-from harness.verdict import CheckResult
+from ..harness.adapters.base import Adapter, Batch, Capabilities, LayoutUnavailable
+from ..harness.cases import pad_token, random_ids, shape_change_outcome
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.verdict import CheckResult
 
 #: the values each layout field can take; the behaviour check tries every one the weights fit
 LAYOUT_VALUES: dict[str, tuple[Any, ...]] = {

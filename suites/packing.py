@@ -25,8 +25,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from harness.adapters.base import Adapter, Batch, Capabilities
-from harness.cases import (
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.cases import (
     aligned_outcome,
     concat,
     pad_rows,
@@ -37,8 +37,8 @@ from harness.cases import (
     repeat_floor,
     same_shape_outcome,
 )
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_SEGMENT = 6
 

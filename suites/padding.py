@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from harness.adapters.base import Adapter, Capabilities
-from harness.cases import (
+from ..harness.adapters.base import Adapter, Capabilities
+from ..harness.cases import (
     RowBatches,
     aligned_outcome,
     concat,
@@ -35,9 +35,9 @@ from harness.cases import (
     repeat_floor,
     same_shape_outcome,
 )
-from harness.influence import expected_pattern, measure_influence
-from harness.strategies import case_strategy
-from harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.influence import expected_pattern, measure_influence
+from ..harness.strategies import case_strategy
+from ..harness.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
 

@@ -8,12 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from harness.adapters.base import AdapterError, Batch, Capabilities, extend
-from harness.adapters.hf import HFAdapter
-from harness.adapters.module import ModuleAdapter
-from harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
-from reference_models.hf_tiny import TINY_CONFIGS, tiny_model
+from maskcheck.harness.adapters.base import AdapterError, Batch, Capabilities, extend
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.adapters.module import ModuleAdapter
+from maskcheck.harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 
 HF_NAMES = ["gpt2", "llama", "bert", "t5", "bart"]
 FAMILY = {"causal-lm": "decoder", "masked-lm": "encoder", "seq2seq": "encoder_decoder"}
@@ -199,8 +198,8 @@ def test_module_spec_from_the_current_directory(tmp_path, monkeypatch) -> None: 
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent(
             """
-            from reference_models.hf_tiny import tiny_model
-            from reference_models import Transformer, preset
+            from maskcheck.reference_models.hf_tiny import tiny_model
+            from maskcheck.reference_models import Transformer, preset
 
             def hf():
                 return tiny_model("gpt2")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from maskcheck.harness.cli import build_parser, main
+from maskcheck.harness.report import report_schema
 
-from harness import audit
-from harness.cli import build_parser, main
-from harness.report import report_schema
+from maskcheck import audit
 
 
 @pytest.fixture
@@ -34,9 +34,8 @@ def test_every_report_validates_against_the_shipped_schema(spec: str, suites: li
 
 def test_error_and_nan_reports_validate_too() -> None:
     import torch
-
-    from harness.adapters.base import Capabilities
-    from harness.adapters.module import ModuleAdapter
+    from maskcheck.harness.adapters.base import Capabilities
+    from maskcheck.harness.adapters.module import ModuleAdapter
 
     def nan_model(ids, mask):  # type: ignore[no-untyped-def]
         return torch.full((*ids.shape, 8), float("nan"))
@@ -98,7 +97,7 @@ def test_time_limit_marks_unfinished_checks_not_run(project: Path, capsys) -> No
 
 def test_json_report_is_written_after_every_suite(project: Path) -> None:
     """The progress hook leaves a valid, incomplete report on disk while the audit runs."""
-    from harness.report import write_json
+    from maskcheck.harness.report import write_json
 
     seen = []
 
@@ -130,8 +129,8 @@ def test_help_of_every_subcommand_is_complete(capsys) -> None:  # type: ignore[n
 
 
 def test_list_shows_every_suite_and_seeded_bug(capsys) -> None:  # type: ignore[no-untyped-def]
-    from harness.registry import suite_names
-    from reference_models.mutants import MUTANTS
+    from maskcheck.harness.registry import suite_names
+    from maskcheck.reference_models.mutants import MUTANTS
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -142,8 +141,8 @@ def test_module_factory_from_the_current_directory(project: Path, capsys) -> Non
     # A module name no other test uses: a process imports a module once, and test_adapters
     # writes its own my_models.py (under pytest-xdist both may run in one worker).
     (project / "cli_factories.py").write_text(
-        "def hf():\n    from reference_models.hf_tiny import tiny_model\n    return tiny_model('llama')\n\n"
-        "def adapter():\n    from harness.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
+        "def hf():\n    from maskcheck.reference_models.hf_tiny import tiny_model\n    return tiny_model('llama')\n\n"
+        "def adapter():\n    from maskcheck.harness.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
     )
     assert main(["audit", "module:cli_factories:hf", "--suites", "causal", "-q"]) == 0
     assert main(["audit", "module:cli_factories:adapter", "--suites", "causal", "-q"]) == 0

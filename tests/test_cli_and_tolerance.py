@@ -8,9 +8,8 @@ import sys
 
 import pytest
 import torch
-
-from harness.cli import main
-from harness.tolerance import (
+from maskcheck.harness.cli import main
+from maskcheck.harness.tolerance import (
     EPS,
     Tolerance,
     compare_logits,
@@ -72,13 +71,13 @@ def test_nothing_applicable_exits_2(capsys) -> None:  # type: ignore[no-untyped-
 
 
 def test_console_script_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "audit", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "maskcheck.harness.cli", "audit", "--help"], capture_output=True, text=True, check=True).stdout
     for option in ("--suites", "--device", "--dtype", "--attn-implementation", "--task", "--examples", "--seed", "--json"):
         assert option in out
 
 
 def test_importing_the_plugin_does_not_import_torch() -> None:
-    code = "import sys, harness.plugin, harness; print('torch' in sys.modules)"
+    code = "import sys, maskcheck.harness.plugin, harness; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
@@ -159,8 +158,9 @@ def test_tolerance_from_pyproject_reaches_the_audit(tmp_path, monkeypatch, capsy
 def test_low_precision_audits_measure_their_float32_reference_error() -> None:
     """FlashAttention's rule, per audit: a bf16 model is compared with its float32 twin once,
     and twice that error joins the shape-changing threshold."""
-    from harness import LoadOptions, audit
-    from harness.tolerance import EPS, Tolerance
+    from maskcheck.harness.tolerance import EPS, Tolerance
+
+    from maskcheck import LoadOptions, audit
 
     result = audit("ref:tiny-decoder", ["padding"], options=LoadOptions(dtype="bfloat16"))
     error = result.environment["float32_reference_error"]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import maskcheck.harness.suite as engine
 import pytest
-
-import harness.suite as engine
-from harness.suite import Check, Outcome, RunContext, run_check, split_examples
-from harness.tolerance import tolerance_for
-from suites.padding import PaddedCase, padded_cases
+from maskcheck.harness.suite import (
+    Check,
+    Outcome,
+    RunContext,
+    run_check,
+    split_examples,
+)
+from maskcheck.harness.tolerance import tolerance_for
+from maskcheck.suites.padding import PaddedCase, padded_cases
 
 
 def recording(strategy: Any, fails: Callable[[Any], bool] = lambda case: False) -> tuple[Check, list[Any]]:
@@ -93,8 +98,7 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
 
     from hypothesis import find, settings
     from hypothesis import strategies as st
-
-    from harness.strategies import case_strategy
+    from maskcheck.harness.strategies import case_strategy
 
     @dataclass(frozen=True)
     class Case:
@@ -116,8 +120,7 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
 def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_full() -> None:
     from hypothesis import Phase, given, settings
     from hypothesis import seed as hypothesis_seed
-
-    from harness.suite import example_strategy
+    from maskcheck.harness.suite import example_strategy
 
     examples: list[tuple] = []
 

@@ -12,13 +12,13 @@ pytest_plugins = ["pytester"]
 MODELS = '''
 def good():
     import torch
-    from reference_models import PRESETS, Transformer
+    from maskcheck.reference_models import PRESETS, Transformer
     torch.manual_seed(0)
     return Transformer(PRESETS["tiny-decoder"])
 
 
 def buggy():
-    from reference_models.mutants import build
+    from maskcheck.reference_models.mutants import build
     return build("padding_mask_ignored")
 '''
 
@@ -87,11 +87,11 @@ def test_warn_becomes_a_pytest_warning(pytester: pytest.Pytester) -> None:
 def test_hook_fixture_and_helper_for_test_authors(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         '''
-from harness.testing import ModelEntry
+from maskcheck.harness.testing import ModelEntry
 
 
 def build():
-    from reference_models.mutants import build_clean
+    from maskcheck.reference_models.mutants import build_clean
     return build_clean("kv_cache_appended_twice")
 
 
@@ -101,8 +101,8 @@ def pytest_maskcheck_models(config):
     )
     pytester.makepyfile(
         test_mine='''
-from harness.testing import maskcheck_tests
-from reference_models.mutants import build
+from maskcheck.harness.testing import maskcheck_tests
+from maskcheck.reference_models.mutants import build
 
 test_buggy_cache = maskcheck_tests(lambda: build("kv_cache_appended_twice"), suites=["kv_cache"], name="buggy", profile="dev")
 

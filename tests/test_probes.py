@@ -7,16 +7,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.cli import main
+from maskcheck.harness.specs import LoadOptions, load_adapter
+from maskcheck.harness.suite import ProbeError
+from maskcheck.suites.probes import run_lost_in_the_middle, run_needle
+from maskcheck.suites.probes.haystacks import Sample, Templates, TextHaystack, word_list
+from maskcheck.suites.probes.scoring import greedy_answer, score
+from maskcheck.suites.probes.summaries import (
+    edge_vs_middle,
+    effective_length,
+    reach,
+    wilson,
+)
 
-from harness import audit
-from harness.adapters.hf import HFAdapter
-from harness.cli import main
-from harness.specs import LoadOptions, load_adapter
-from harness.suite import ProbeError
-from suites.probes import run_lost_in_the_middle, run_needle
-from suites.probes.haystacks import Sample, Templates, TextHaystack, word_list
-from suites.probes.scoring import greedy_answer, score
-from suites.probes.summaries import edge_vs_middle, effective_length, reach, wilson
+from maskcheck import audit
 
 WINDOW, SINKS = 8, 4
 
@@ -97,10 +102,9 @@ def test_summaries() -> None:
 
 @pytest.fixture(scope="module")
 def hf_with_tokenizer():  # type: ignore[no-untyped-def]
+    from maskcheck.reference_models.hf_tiny import tiny_config
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from reference_models.hf_tiny import tiny_config
 
     words = word_list()
     corpus = [" ".join(words[i : i + 12]).capitalize() + ". The special magic number for a-b is 12345." for i in range(0, len(words), 12)]

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 import torch
-
-from reference_models import (
+from maskcheck.reference_models import (
     PRESETS,
     CheckpointError,
     ModelConfig,
@@ -17,8 +16,8 @@ from reference_models import (
     parameter_count,
     save_checkpoint,
 )
-from reference_models.layers import sinusoidal_table
-from reference_models.masks import (
+from maskcheck.reference_models.layers import sinusoidal_table
+from maskcheck.reference_models.masks import (
     check_padding_mask,
     positions_from_mask,
     positions_from_segments,

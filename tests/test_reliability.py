@@ -12,14 +12,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from maskcheck.harness.adapters.base import Capabilities
+from maskcheck.harness.adapters.module import ModuleAdapter
+from maskcheck.harness.cli import main
+from maskcheck.harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from maskcheck.reference_models import PRESETS, Transformer
+from maskcheck.reference_models.hf_tiny import tiny_model
 
-from harness import audit
-from harness.adapters.base import Capabilities
-from harness.adapters.module import ModuleAdapter
-from harness.cli import main
-from harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
-from reference_models import PRESETS, Transformer
-from reference_models.hf_tiny import tiny_model
+from maskcheck import audit
 
 SENTINEL = "maskcheck-pickle-ran"
 
@@ -106,7 +106,7 @@ def test_a_misbehaving_model_gets_a_verdict_and_the_audit_goes_on(forward, statu
 
 def test_a_model_that_claims_a_cache_but_ignores_it_fails_kv_cache() -> None:
     """Capabilities that lie: step() recomputes from the new tokens alone, forgetting the prefix."""
-    from harness.adapters.reference import ReferenceAdapter
+    from maskcheck.harness.adapters.reference import ReferenceAdapter
 
     class Forgetful(ReferenceAdapter):
         def _step(self, state, tokens, attention_mask):  # type: ignore[no-untyped-def]
@@ -123,8 +123,8 @@ def test_ctrl_c_keeps_the_verdicts_that_finished(tmp_path: Path) -> None:
     """A KeyboardInterrupt in the second suite: exit 130, and the report names what did not run."""
     (tmp_path / "interrupting.py").write_text(
         "import torch\n"
-        "from harness.adapters.base import Capabilities\n"
-        "from harness.adapters.module import ModuleAdapter\n"
+        "from maskcheck.harness.adapters.base import Capabilities\n"
+        "from maskcheck.harness.adapters.module import ModuleAdapter\n"
         "def build():\n"
         "    def forward(ids, mask):\n"
         "        if mask is not None and not bool(mask.all()):\n"
@@ -133,7 +133,7 @@ def test_ctrl_c_keeps_the_verdicts_that_finished(tmp_path: Path) -> None:
         "    return ModuleAdapter(forward, Capabilities(family='decoder', vocab_size=8))\n"
     )
     completed = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "audit", "module:interrupting:build", "--suites", "causal,padding,loss_masking", "--json", "r.json", "-q"],
+        [sys.executable, "-m", "maskcheck.harness.cli", "audit", "module:interrupting:build", "--suites", "causal,padding,loss_masking", "--json", "r.json", "-q"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -12,12 +12,17 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from maskcheck.harness.cli import main
+from maskcheck.harness.reproduction import (
+    BundleError,
+    load_bundle,
+    replay,
+    replay_check,
+)
+from maskcheck.reference_models import ModelConfig, Transformer, save_checkpoint
+from maskcheck.reference_models.mutants import MUTANTS, build, build_clean
 
-from harness import audit
-from harness.cli import main
-from harness.reproduction import BundleError, load_bundle, replay, replay_check
-from reference_models import ModelConfig, Transformer, save_checkpoint
-from reference_models.mutants import MUTANTS, build, build_clean
+from maskcheck import audit
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,7 @@ def test_replay_cli_reports_the_verdict(bundles: dict[str, Path], capsys) -> Non
 def test_replay_says_when_the_weights_changed(tmp_path: Path) -> None:
     torch.manual_seed(0)
     checkpoint = save_checkpoint(Transformer(ModelConfig()), tmp_path / "model.safetensors")
-    from harness.specs import LoadOptions
+    from maskcheck.harness.specs import LoadOptions
 
     result = audit(f"ref:{checkpoint}", ["norm_checkpoint"], options=LoadOptions(overrides={"norm_layout": "post"}), bundle_dir=tmp_path / "report")
     bundle = Path(result.suite("norm_checkpoint").reproduction)
@@ -121,7 +126,7 @@ def test_ci_profile_records_the_hypothesis_blob(tmp_path: Path) -> None:
 
 
 def test_profiles_are_registered_with_hypothesis() -> None:
-    import harness.profiles  # noqa: F401
+    import maskcheck.harness.profiles  # noqa: F401
 
     assert settings.get_profile("maskcheck-dev").max_examples == 8
     ci = settings.get_profile("maskcheck-ci")

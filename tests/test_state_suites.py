@@ -15,13 +15,13 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.specs import LoadOptions, adapter_for, load_adapter
+from maskcheck.reference_models import PRESETS, ModelConfig, save_checkpoint
+from maskcheck.reference_models.hf_tiny import tiny_model
+from maskcheck.reference_models.training import TrainingRun, train
 
-from harness import audit
-from harness.adapters.hf import HFAdapter
-from harness.specs import LoadOptions, adapter_for, load_adapter
-from reference_models import PRESETS, ModelConfig, save_checkpoint
-from reference_models.hf_tiny import tiny_model
-from reference_models.training import TrainingRun, train
+from maskcheck import audit
 
 STATE_SUITES = ["packing", "kv_cache", "norm_checkpoint"]
 
@@ -103,7 +103,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @initialize(length=st.integers(1, 6), seed=st.integers(0, 1000))
     def prefill(self, length: int, seed: int) -> None:
-        from harness.adapters.base import Batch
+        from maskcheck.harness.adapters.base import Batch
 
         self.tokens = torch.randint(1, 64, (1, length), generator=torch.Generator().manual_seed(seed))
         logits, self.state = self.adapter.prefill(Batch(self.tokens, torch.ones_like(self.tokens)))
@@ -124,7 +124,7 @@ class CacheMachine(RuleBasedStateMachine):
     def matches_full_forward(self) -> None:
         if self.tokens is None:
             return
-        from harness.adapters.base import Batch
+        from maskcheck.harness.adapters.base import Batch
 
         full = self.adapter.logits(Batch(self.tokens, torch.ones_like(self.tokens)))
         torch.testing.assert_close(torch.cat(self.logits, dim=1), full, atol=2e-5, rtol=0)
@@ -184,7 +184,7 @@ def test_trained_checkpoint_passes_under_its_own_layout(trained_checkpoints, lay
 @pytest.mark.parametrize("layout,other", [("pre", "post"), ("post", "pre")])
 def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkpoints, layout: str, other: str) -> None:  # type: ignore[no-untyped-def]
     """No metadata, no fingerprint: the weights in memory, declared under the wrong layout."""
-    from reference_models import load_checkpoint
+    from maskcheck.reference_models import load_checkpoint
 
     adapter = adapter_for(load_checkpoint(trained_checkpoints[layout]))
     assert adapter.checkpoint is None
@@ -214,7 +214,7 @@ def test_position_scheme_mismatch_is_caught(trained_checkpoints) -> None:  # typ
 
 
 def test_untrained_weights_are_inconclusive(tmp_path: Path) -> None:
-    from reference_models import Transformer
+    from maskcheck.reference_models import Transformer
 
     torch.manual_seed(0)
     path = save_checkpoint(Transformer(ModelConfig()), tmp_path / "untrained.safetensors")

@@ -159,7 +159,7 @@ class Adapter(abc.ABC):
     spec: str = "<object>"
     #: what the checkpoint behind this model recorded at save time, when it was loaded from one
     checkpoint: CheckpointRecord | None = None
-    #: the harness.specs.LoadOptions the spec was loaded with (None for objects)
+    #: the maskcheck.harness.specs.LoadOptions the spec was loaded with (None for objects)
     load_options: Any = None
 
     def __init__(self, model: Any, capabilities: Capabilities) -> None:

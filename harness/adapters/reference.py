@@ -10,17 +10,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reference_models import (
+from ...reference_models import (
     KVCache,
     ModelConfig,
     Transformer,
     fingerprint_ids,
     read_fingerprint,
 )
-from reference_models.checkpoint import CONFIG_KEY, FINGERPRINT_KEY, read_metadata
-from reference_models.config import ARCHITECTURE_FIELDS
-from reference_models.masks import positions_from_segments
-
+from ...reference_models.checkpoint import CONFIG_KEY, FINGERPRINT_KEY, read_metadata
+from ...reference_models.config import ARCHITECTURE_FIELDS
+from ...reference_models.masks import positions_from_segments
 from .base import (
     Adapter,
     Batch,

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.adapters.base import Adapter
-from harness.suite import ProbeError
-
+from ...harness.adapters.base import Adapter
+from ...harness.suite import ProbeError
 from .haystacks import Sample, SyntheticHaystack, Templates, TextHaystack
 from .scoring import greedy_answer, score
 
@@ -26,7 +25,7 @@ def haystack_for(adapter: Adapter, text: str | None = None, templates: Templates
     record = adapter.checkpoint
     vocab = None if record is None else record.metadata.get("maskcheck.retrieval_vocab")
     if vocab:
-        from reference_models.retrieval import RetrievalVocab
+        from ...reference_models.retrieval import RetrievalVocab
 
         return SyntheticHaystack(RetrievalVocab.from_json(vocab))
     raise ProbeError(
@@ -70,7 +69,7 @@ class ProbeResult:
 
     def write(self, directory: str | Path, draw: Callable[[Any, Path], Path]) -> None:
         """``<name>.json`` (summary, grid and every sample's scores) and ``<name>.png``."""
-        from harness.report import write_json
+        from ...harness.report import write_json
 
         directory = Path(directory)
         stem = self.name

@@ -3,7 +3,7 @@
 Two builders make the same :class:`Sample`:
 
 - :class:`SyntheticHaystack` for reference models trained on the retrieval language of
-  :mod:`reference_models.retrieval` (keys, values and filler are disjoint token ranges);
+  :mod:`maskcheck.reference_models.retrieval` (keys, values and filler are disjoint token ranges);
 - :class:`TextHaystack` for models with a tokenizer: text templates (needle, question,
   answer prefix), filler from seeded pseudo-prose over a shipped word list or the user's
   own text, the needle inserted at a sentence boundary, the whole prompt tokenized once,
@@ -62,7 +62,7 @@ class SyntheticHaystack:
         return closed
 
     def _row(self, length: int, pairs: list[tuple[int, int]], slots: list[int], asked: int, seed: int) -> Tensor:
-        from reference_models.retrieval import prompt
+        from ...reference_models.retrieval import prompt
 
         return prompt(self.vocab, length, pairs, slots, asked, torch.Generator().manual_seed(seed))
 
@@ -101,7 +101,7 @@ class SyntheticHaystack:
 
 def word_list() -> list[str]:
     """The shipped word list (plain English words) for seeded pseudo-prose."""
-    text = resources.files("suites.probes").joinpath("words.txt").read_text()
+    text = resources.files(__package__).joinpath("words.txt").read_text()
     return [w for w in text.split() if w.isalpha()]
 
 

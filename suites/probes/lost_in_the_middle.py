@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.adapters.base import Adapter
-
+from ...harness.adapters.base import Adapter
 from .common import ProbeResult, Progress, beyond, haystack_for, sample_row
 from .haystacks import Templates
 from .summaries import cell, edge_vs_middle

@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.adapters.base import Adapter
-
+from ...harness.adapters.base import Adapter
 from .common import (
     ProbeResult,
     Progress,

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.adapters.base import Adapter, Batch
-
+from ...harness.adapters.base import Adapter, Batch
 from .haystacks import Sample
 
 

@@ -1,0 +1,51 @@
+"""maskcheck: verify the masking and caching correctness of any Transformer.
+
+The public Python API::
+
+    import maskcheck
+
+    result = maskcheck.audit("hf:./my-checkpoint", ["causal", "padding"])
+    print(result.status, result.exit_code)
+
+The repository's ``harness/``, ``suites/`` and ``reference_models/`` folders install as
+``maskcheck.harness``, ``maskcheck.suites`` and ``maskcheck.reference_models``: one
+namespace, so they never collide with a project's own ``harness`` or ``suites`` package.
+
+Importing maskcheck does not import torch; the names below load on first use, so the
+pytest plugin costs a repository that does not use it nothing.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+#: public name -> the module (under maskcheck) that defines it
+_EXPORTS = {
+    "audit": "harness.runner",
+    "AuditResult": "harness.runner",
+    "LoadOptions": "harness.specs",
+    "SpecError": "harness.specs",
+    "load_adapter": "harness.specs",
+    "adapter_for": "harness.specs",
+    "Adapter": "harness.adapters.base",
+    "Batch": "harness.adapters.base",
+    "Capabilities": "harness.adapters.base",
+    "replay": "harness.reproduction",
+    "BundleError": "harness.reproduction",
+    "maskcheck_tests": "harness.testing",
+    "ModelEntry": "harness.testing",
+    "MaskcheckWarning": "harness.testing",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'maskcheck' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

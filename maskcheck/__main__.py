@@ -1,0 +1,5 @@
+"""``python -m maskcheck``: the same command line as ``maskcheck``."""
+
+from maskcheck.harness.cli import main
+
+raise SystemExit(main())
