@@ -128,14 +128,15 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
         return nonfinite_floor(floor, threshold, what)
     nonfinite = comparison.nonfinite
     if nonfinite:
-        return Outcome("fail", float("inf"), floor, threshold, nonfinite, f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}")
+        label = f"{comparison.index_name}, position"
+        return Outcome("fail", float("inf"), floor, threshold, nonfinite, f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}", positions_label=label)
     if comparison.max_diff > threshold:
         positions = comparison.positions_over(threshold)
         message = (
             f"{what}: max |d log p| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
             f"(noise floor {floor:.3g}) at [{comparison.index_name}, position] {positions[:8]}"
         )
-        return Outcome("fail", comparison.max_diff, floor, threshold, positions, message)
+        return Outcome("fail", comparison.max_diff, floor, threshold, positions, message, positions_label=f"{comparison.index_name}, position")
     return Outcome("pass", comparison.max_diff, floor, threshold, [], "")
 
 

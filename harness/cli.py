@@ -154,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `maskcheck list | head`: the reader has gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def cmd_list() -> int:
@@ -203,7 +206,7 @@ def _quiet_transformers() -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
-    from .registry import UnknownSuiteError
+    from .registry import UnknownSuiteError, suite_names, unknown_suites_message
     from .report import render_markdown, render_table, write_atomically, write_json
     from .runner import audit
     from .specs import LoadOptions, SpecError
@@ -221,74 +224,88 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return value if value is not None else config.get(key, default)
 
     suites = _split(args.suites) if args.suites else config.get("suites")
+    unknown = unknown_suites_message(suites or [], suite_names())
+    if unknown:  # before the model loads, which can take minutes
+        print(f"maskcheck: error: {unknown}", file=sys.stderr)
+        return 2
     live = sys.stderr.isatty()
     implementations = (_split(args.attn_implementation) if args.attn_implementation else config.get("attn_implementation")) or [None]
     report_root = option("report_dir", "report", None)
     worst_exit = 0
     reports: list[dict[str, Any]] = []
-    for implementation in implementations:
-        report_dir = str(Path(report_root) / implementation) if report_root and implementation else report_root
-        # Bundles are written on failure even without --report: a leak is only useful with its reproduction.
-        bundle_dir = report_dir or str(Path(DEFAULT_BUNDLE_DIR) / (implementation or ""))
-        json_path = Path(args.json_path) if args.json_path and len(implementations) == 1 else None
-        started = time.perf_counter()
+    partial: list[Path] = []  # reports on disk, named if the audit is interrupted
+    try:
+        for implementation in implementations:
+            report_dir = str(Path(report_root) / implementation) if report_root and implementation else report_root
+            # Bundles are written on failure even without --report: a leak is only useful with its reproduction.
+            bundle_dir = report_dir or str(Path(DEFAULT_BUNDLE_DIR) / (implementation or ""))
+            json_path = Path(args.json_path) if args.json_path and len(implementations) == 1 else None
+            started = time.perf_counter()
 
-        paths = ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else [])
+            paths = ([json_path] if json_path else []) + ([Path(report_dir) / "report.json"] if report_dir else [])
+            partial += paths
 
-        def save_progress(event: str, suite: str, result: Any, paths: list[Path] = paths) -> None:
-            if event == "case":
-                # A live line on a terminal only; logs get one line per suite.
+            def save_progress(event: str, suite: str, result: Any, paths: list[Path] = paths) -> None:
+                if event == "case":
+                    # A live line on a terminal only; logs get one line per suite.
+                    if live and not args.quiet:
+                        print(f"\r  running {suite:<60}", end="", file=sys.stderr, flush=True)
+                    return
                 if live and not args.quiet:
-                    print(f"\r  running {suite:<60}", end="", file=sys.stderr, flush=True)
-                return
-            if live and not args.quiet:
-                print("\r" + " " * 72 + "\r", end="", file=sys.stderr, flush=True)  # clear the live line
-            if event == "start" and not args.quiet:
-                print(f"  running {suite} ...", file=sys.stderr, flush=True)
-            # After every suite (and before the first) the reports on disk hold what finished.
-            for path in paths:
-                write_json(path, result.to_dict())
+                    print("\r" + " " * 72 + "\r", end="", file=sys.stderr, flush=True)  # clear the live line
+                if event == "start" and not args.quiet:
+                    print(f"  running {suite} ...", file=sys.stderr, flush=True)
+                # After every suite (and before the first) the reports on disk hold what finished.
+                for path in paths:
+                    write_json(path, result.to_dict())
 
-        try:
-            options = LoadOptions(
-                device=option("device", "device", "cpu"),
-                dtype=option("dtype", "dtype", None),
-                task=option("task", "task", None),
-                attn_implementation=implementation,
-                overrides=_overrides(args.override),
-                trust_remote_code=args.trust_remote_code,
-                allow_pickle=args.allow_pickle,
-                device_map=args.device_map,
-            )
-            result = audit(
-                args.spec,
-                suites,
-                options=options,
-                seed=option("seed", "seed", 0),
-                profile=option("profile", "profile", "dev"),
-                examples=option("examples", "examples", None),
-                timeout=option("timeout", "timeout", None),
-                known_findings=config.get("known_findings", ()),
-                probes=_split(args.probes) if args.probes else (),
-                progress=save_progress,
-                report_dir=report_dir,
-                bundle_dir=bundle_dir,
-                tolerance_overrides=config.get("tolerance"),
-            )
-        except (SpecError, UnknownSuiteError, ValueError) as exc:
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            print(f"maskcheck: error: {message}", file=sys.stderr)
-            if args.verbose:
-                raise
-            return 2
-        title = result.model + (f" [attn_implementation={implementation}]" if implementation else "")
-        print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
-        reports.append(result.to_dict())
-        if report_dir:
-            write_json(Path(report_dir) / "report.json", result.to_dict())  # with the probes, which run after the last suite
-            write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
-            print(f"report: {report_dir}/report.json, {report_dir}/report.md")
-        worst_exit = max(worst_exit, result.exit_code)
+            try:
+                options = LoadOptions(
+                    device=option("device", "device", "cpu"),
+                    dtype=option("dtype", "dtype", None),
+                    task=option("task", "task", None),
+                    attn_implementation=implementation,
+                    overrides=_overrides(args.override),
+                    trust_remote_code=args.trust_remote_code,
+                    allow_pickle=args.allow_pickle,
+                    device_map=args.device_map,
+                )
+                result = audit(
+                    args.spec,
+                    suites,
+                    options=options,
+                    seed=option("seed", "seed", 0),
+                    profile=option("profile", "profile", "dev"),
+                    examples=option("examples", "examples", None),
+                    timeout=option("timeout", "timeout", None),
+                    known_findings=config.get("known_findings", ()),
+                    probes=_split(args.probes) if args.probes else (),
+                    progress=save_progress,
+                    report_dir=report_dir,
+                    bundle_dir=bundle_dir,
+                    tolerance_overrides=config.get("tolerance"),
+                )
+            except (SpecError, UnknownSuiteError, ValueError) as exc:
+                message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                print(f"maskcheck: error: {message}", file=sys.stderr)
+                if args.verbose:
+                    raise
+                return 2
+            title = result.model + (f" [attn_implementation={implementation}]" if implementation else "")
+            print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
+            reports.append(result.to_dict())
+            if report_dir:
+                write_json(Path(report_dir) / "report.json", result.to_dict())  # with the probes, which run after the last suite
+                write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
+                print(f"report: {report_dir}/report.json, {report_dir}/report.md")
+            worst_exit = max(worst_exit, result.exit_code)
+    except KeyboardInterrupt:
+        if partial:
+            where = ", ".join(dict.fromkeys(str(p) for p in partial))
+            print(f"maskcheck: interrupted; the suites that finished are in {where} (\"complete\": false)", file=sys.stderr)
+        else:
+            print("maskcheck: interrupted; nothing was saved (--report DIR or --json PATH keep what finishes)", file=sys.stderr)
+        return 130
     if args.json_path:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
         print(f"JSON report: {args.json_path}")

@@ -17,6 +17,15 @@ Settings, command line first, then ``[tool.pytest.ini_options]``, then ``[tool.m
 | ``--maskcheck-device`` | ``maskcheck_device`` | ``cpu`` |
 | ``--maskcheck-dtype`` | ``maskcheck_dtype`` | the model's own |
 | ``--maskcheck-report-dir`` | ``maskcheck_report_dir`` | ``maskcheck-report`` |
+| ``--maskcheck-threads`` | ``maskcheck_threads`` | ``auto``: a fair share of the cores per worker (maskcheck.harness.threads) |
+| ``--maskcheck-always`` | ``maskcheck_always`` | off: ``pytest PATH`` runs only that path |
+| ``--maskcheck-require`` | ``maskcheck_require`` | off: a configured model left unaudited is one red summary line, not an error |
+
+Configured models join runs without test paths (``pytest``, ``pytest -n auto``). When a
+run names paths (``pytest tests/``) they are left out unless ``--maskcheck-always``; the
+terminal summary then says, in one red line, which configured models were not audited
+and why (paths, ``-k``/``-m``, an interrupted run); ``--maskcheck-require`` makes that a
+failing exit status.
 
 This module imports nothing heavy at load time: a repo with maskcheck installed that does
 not use it pays only for this file. torch and transformers load when a maskcheck test runs.
@@ -24,7 +33,6 @@ not use it pays only for this file. torch and transformers load when a maskcheck
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +46,26 @@ OPTIONS = {
     "device": ("maskcheck_device", "cpu, cuda, cuda:N or auto (default: cpu)"),
     "dtype": ("maskcheck_dtype", "float32, bfloat16 or float16 (default: the model's own)"),
     "report_dir": ("maskcheck_report_dir", "reports and reproduction bundles (default: maskcheck-report)"),
+    "threads": ("maskcheck_threads", "torch threads per test process: auto (cores / xdist workers, unless OMP_NUM_THREADS is set), keep, or N"),
+}
+#: on/off settings: a flag, or an ini key set to true
+FLAGS = {
+    "always": ("maskcheck_always", "audit the configured models even when test paths are given"),
+    "require": ("maskcheck_require", "fail the run when a configured model is not audited (paths, -k/-m, interruption)"),
 }
 DEFAULT_REPORT_DIR = "maskcheck-report"
-DEFAULTS = {"profile": "ci", "device": "cpu", "dtype": None, "report_dir": DEFAULT_REPORT_DIR, "suites": None}
+DEFAULTS = {"profile": "ci", "device": "cpu", "dtype": None, "report_dir": DEFAULT_REPORT_DIR, "suites": None, "threads": "auto"}
+CHOICES = {"profile": ("dev", "ci", "thorough"), "dtype": ("float32", "bfloat16", "float16")}
 #: [tool.maskcheck] keys for the same settings
-CONFIG_KEYS = {"models": "models", "suites": "suites", "profile": "profile", "device": "device", "dtype": "dtype", "report_dir": "report"}
+CONFIG_KEYS = {
+    "models": "models",
+    "suites": "suites",
+    "profile": "profile",
+    "device": "device",
+    "dtype": "dtype",
+    "report_dir": "report",
+    "threads": "threads",
+}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -54,17 +77,70 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("maskcheck", "maskcheck: masking and caching invariance suites")
     for name, (ini, text) in OPTIONS.items():
-        flag = "--maskcheck-model" if name == "models" else f"--maskcheck-{name.replace('_', '-')}"
+        option = "--maskcheck-model" if name == "models" else f"--maskcheck-{name.replace('_', '-')}"
         if name == "models":
-            group.addoption(flag, action="append", dest="maskcheck_models", default=[], metavar="SPEC", help=text)
+            group.addoption(option, action="append", dest="maskcheck_models", default=[], metavar="SPEC", help=text)
             parser.addini(ini, text, type="linelist", default=[])
         else:
-            group.addoption(flag, dest=f"maskcheck_{name}", default=None, help=text)
+            group.addoption(option, dest=f"maskcheck_{name}", default=None, help=text)
             parser.addini(ini, text, default=None)
+    for name, (ini, text) in FLAGS.items():
+        group.addoption(f"--maskcheck-{name}", action="store_true", dest=f"maskcheck_{name}", default=False, help=text)
+        parser.addini(ini, text, type="bool", default=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "maskcheck: a test generated or marked by the maskcheck plugin")
+    from . import testing
+
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        testing.RUN_ID = worker.get("maskcheck_run_id", testing.RUN_ID)  # results carry the controller's run id
+        return
+    from .run_report import new_run_id
+
+    testing.RUN_ID = new_run_id()
+    ledger = None
+    if models(config):
+        validate_settings(config)
+        ledger = new_ledger(config)
+    config.pluginmanager.register(RunTracker(config, ledger), "maskcheck-run-tracker")
+
+
+def flag(config: pytest.Config, name: str) -> bool:
+    return bool(config.getoption(f"maskcheck_{name}") or config.getini(FLAGS[name][0]))
+
+
+def validate_settings(config: pytest.Config) -> None:
+    """Every setting checked once, up front: one usage error instead of one per test."""
+    from .threads import ThreadSettingError, parse_threads
+
+    for name, allowed in CHOICES.items():
+        value = setting(config, name)
+        if value is not None and value not in allowed:
+            raise pytest.UsageError(f"maskcheck: {OPTIONS[name][0]} = {value!r} is not one of {', '.join(allowed)}")
+    try:
+        parse_threads(setting(config, "threads"))
+    except ThreadSettingError as exc:
+        raise pytest.UsageError(f"maskcheck: {exc}") from None
+    suites(config)
+
+
+def new_ledger(config: pytest.Config) -> Any:
+    from . import testing
+    from .run_report import RunLedger
+
+    chosen = suites(config)
+    ledger = RunLedger(testing.RUN_ID, run_options(config).report_dir, collected=collects_configured(config))
+    ledger.configured = {entry.name: (entry.slug, chosen) for entry in models(config)}
+    return ledger
+
+
+def collects_configured(config: pytest.Config) -> bool:
+    """Configured models join runs without test paths, or any run with --maskcheck-model/--maskcheck-always."""
+    if config.getoption("maskcheck_models") or flag(config, "always"):
+        return True
+    return config.args_source != pytest.Config.ArgsSource.ARGS
 
 
 def setting(config: pytest.Config, name: str) -> Any:
@@ -93,6 +169,7 @@ def _tool_config(config: pytest.Config) -> dict[str, Any]:
 
 _CONFIG_KEY = pytest.StashKey[dict]()
 _OPTIONS_KEY = pytest.StashKey[Any]()
+_LEDGER_KEY = pytest.StashKey[Any]()
 
 
 def models(config: pytest.Config) -> list[Any]:
@@ -114,9 +191,11 @@ def suites(config: pytest.Config) -> list[str]:
     if isinstance(chosen, str):
         chosen = [part.strip() for part in chosen.split(",") if part.strip()]
     known = suite_names()
-    unknown = [name for name in chosen or [] if name not in known]
-    if unknown:
-        raise pytest.UsageError(f"maskcheck: unknown suite(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    from .registry import unknown_suites_message
+
+    message = unknown_suites_message(chosen or [], known)
+    if message:
+        raise pytest.UsageError(f"maskcheck: {message}")
     return list(chosen) if chosen else known
 
 
@@ -136,6 +215,7 @@ def run_options(config: pytest.Config) -> Any:
             timeout=tool.get("timeout"),
             known_findings=tool.get("known_findings", ()),
             tolerance=tool.get("tolerance"),
+            threads=setting(config, "threads"),
         )
         config.stash[_OPTIONS_KEY] = cached
     return cached
@@ -181,15 +261,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect, so they apply to these tests too
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("maskcheck_models") and config.args_source == pytest.Config.ArgsSource.ARGS:
-        return  # `pytest some/path` runs that path; models from configuration join full runs only
-    entries = models(config)
-    if not entries:
-        return
-    for entry in entries:
-        for suite in suites(config):
-            name = f"test_maskcheck[{suite}-{entry.name}]"
-            items.append(MaskcheckItem.from_parent(session, name=name, nodeid=f"maskcheck::{name}", entry=entry, suite=suite))
+    if not collects_configured(config):
+        return  # `pytest some/path` runs that path; the summary says which models were left out
+    added = [
+        MaskcheckItem.from_parent(session, name=name, nodeid=f"maskcheck::{name}", entry=entry, suite=suite)
+        for entry in models(config)
+        for suite in suites(config)
+        for name in [f"test_maskcheck[{suite}-{entry.name}]"]
+    ]
+    if added:
+        items.extend(added)
+        # Counted as collected, so "N deselected" never exceeds what the summary says was collected.
+        session.ihook.pytest_collectreport(report=pytest.CollectReport("maskcheck", "passed", None, added))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -207,28 +290,55 @@ def maskcheck_adapter(request: pytest.FixtureRequest) -> Any:
     try:
         return _SESSION_CACHE.get(request.param, run_options(request.config))
     except MaskcheckFailure as failure:
-        pytest.fail(str(failure), pytrace=False)
+        message = str(failure)
+    pytest.fail(message, pytrace=False)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """On the controller (or a run without xdist), merge each model's per-suite results into
-    ``<report_dir>/<model>/report.json`` and ``report.md``."""
-    if hasattr(session.config, "workerinput") or not models(session.config):
-        return
-    merge_reports(run_options(session.config).report_dir)
+class RunTracker:
+    """On the controller (or a run without xdist): which maskcheck tests this run selected and
+    finished, the merged reports at the end, and the summary line of models left unaudited."""
 
+    def __init__(self, config: pytest.Config, ledger: Any) -> None:
+        self.config = config
+        self.ledger = ledger  # None when no model is configured (only the helper's tests run)
+        self.ran_maskcheck = False
 
-def merge_reports(report_dir: Path) -> None:
-    from .report import render_markdown, write_atomically, write_json
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.ledger is not None:  # without xdist this process collected the selected tests
+            self.ledger.selected.update(item.nodeid for item in session.items if isinstance(item, MaskcheckItem))
 
-    if not report_dir.is_dir():
-        return
-    for results in sorted(report_dir.glob("*/results")):
-        parts = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
-        if not parts:
-            continue
-        merged = dict(parts[0])
-        merged["suites"] = [suite for part in parts for suite in part["suites"]]
-        merged["complete"], merged["not_run"] = True, []
-        write_json(results.parent / "report.json", merged)
-        write_atomically(results.parent / "report.md", render_markdown(merged))
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        from . import testing
+
+        node.workerinput["maskcheck_run_id"] = testing.RUN_ID
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if self.ledger is not None:
+            self.ledger.selected.update(i for i in ids if i.startswith("maskcheck::"))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "maskcheck" in report.keywords:
+            self.ran_maskcheck = True
+            if self.ledger is not None and report.when == "teardown":
+                self.ledger.finished.add(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from . import testing
+        from .run_report import RunLedger, merge_run
+
+        if self.ledger is None and not self.ran_maskcheck:
+            return
+        ledger = self.ledger or RunLedger(testing.RUN_ID, run_options(self.config).report_dir)
+        stopped = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop) or bool(session.shouldfail)
+        merge_run(ledger, run_complete=not stopped)
+        if self.ledger is not None and self.ledger.not_audited() and flag(self.config, "require") and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        line = self.ledger.summary() if self.ledger is not None else None
+        if line:
+            if flag(self.config, "require"):
+                line += " (--maskcheck-require: the run fails)"
+            terminalreporter.write_sep("!", line, red=True, bold=True)

@@ -6,9 +6,10 @@ third-party package adds a suite the same way.
 
 from __future__ import annotations
 
+import difflib
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Sequence
 
 GROUP = "maskcheck.suites"
 PROBE_GROUP = "maskcheck.probes"
@@ -34,7 +35,7 @@ def load_suite(name: str) -> Any:
     """An instance of the suite registered as ``name``."""
     points = _entry_points()
     if name not in points:
-        raise UnknownSuiteError(f"unknown suite {name!r}; known: {', '.join(suite_names()) or '(none registered)'}")
+        raise UnknownSuiteError(unknown_suites_message([name], suite_names()))
     return points[name].load()()
 
 
@@ -53,3 +54,15 @@ def load_probe(name: str) -> Any:
     if name not in points:
         raise UnknownSuiteError(f"unknown probe {name!r}; known: {', '.join(probe_names()) or '(none registered)'}")
     return points[name].load()
+
+
+def unknown_suites_message(names: Sequence[str], known: Sequence[str]) -> str | None:
+    """None when every name is known; else one line naming the unknown ones, with the closest known names."""
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return None
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return f"unknown suite(s) {', '.join(hints)}; known: {', '.join(known)}"

@@ -8,15 +8,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .verdict import SEVERITY, worst
+from .verdict import SEVERITY, diff_ratio, worst
 
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
 
 
-def one_line(text: str, width: int = 110) -> str:
+def one_line(text: str, width: int | None = 110) -> str:
+    """``text`` on one line, cut to ``width`` characters (None: never cut)."""
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return text if width is None or len(text) <= width else text[: width - 3] + "..."
 
 
 def diff_text(check: Any) -> str:
@@ -27,21 +28,22 @@ def diff_text(check: Any) -> str:
 
 def render_table(result: Any, title: str, seconds: float, verbose: bool = False) -> str:
     """The verdict table: suite, status, cases, worst diff vs threshold, one-line reason."""
+    width = None if verbose else 110  # -v shows whole reasons: the advice is at their end
     rows = [("suite", "status", "cases", "worst diff / threshold", "reason")]
     for suite in result.suites:
         check = suite.worst_check()
         reason = "" if check is None else (check.message if suite.status != "pass" else "")
-        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff_text(check), one_line(reason)))
+        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff_text(suite.largest_diff_check()), one_line(reason, width)))
         if verbose:
             for c in suite.checks:
-                rows.append((f"  {c.name}", STATUS_MARK[c.status], "", diff_text(c), one_line(c.message)))
+                rows.append((f"  {c.name}", STATUS_MARK[c.status], "", diff_text(c), one_line(c.message, width)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"maskcheck audit of {title}"]
     for r in rows:
         lines.append(("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4]).rstrip())
     failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
-    for suite_name, c in failing[:8]:
-        lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, 200)}")
+    for suite_name, c in failing:  # every one: a failure the table names but never explains helps nobody
+        lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, None if verbose else 200)}")
         lines += case_lines(c)
     lines += [f"  reproduction of {suite.name}: {how_to_reproduce(suite.reproduction)}" for suite in result.suites if suite.reproduction]
     for probe in result.probes:
@@ -90,8 +92,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     for suite in report["suites"]:
         checks = [_Check(c) for c in suite["checks"]]
         check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
+        largest = max((c for c in checks if c.max_diff is not None and c.threshold), key=diff_ratio, default=None)
         reason = "" if check is None or suite["status"] == "pass" else one_line(check.message, 160)
-        lines.append(f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(check)} | {reason.replace('|', chr(92) + '|')} |")
+        lines.append(f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |")
         details += [(suite, c) for c in checks if c.status not in ("pass", "not_applicable")]
     if details:
         lines += ["", "## Checks that did not pass", ""]
@@ -100,7 +103,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         if check.max_diff is not None and check.threshold:
             lines += [f"- measured {check.max_diff:.3g}, noise floor {check.floor or 0:.3g}, threshold {check.threshold:.3g}"]
         if check.positions:
-            lines += [f"- positions [row, position]: {check.positions[:16]}"]
+            more = f" ... ({len(check.positions)} in all)" if len(check.positions) > 16 else ""
+            lines += [f"- positions [{getattr(check, 'positions_label', 'row, position')}]: {check.positions[:16]}{more}"]
         if check.case:
             lines += [f"- case: `{check.case}`"]
         lines.append("")

@@ -63,6 +63,11 @@ class RunOptions:
     timeout: float | None = None
     known_findings: Sequence[Any] = ()
     tolerance: dict[str, Any] | None = None
+    threads: str | int = "auto"  # torch threads in this process (maskcheck.harness.threads)
+
+
+#: this pytest run's id, set by the plugin (workers get the controller's): results of other runs are never merged
+RUN_ID = "no-run"
 
 
 class AdapterCache:
@@ -97,10 +102,12 @@ def load(entry: ModelEntry, options: RunOptions) -> Any:
 
 def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model") -> Any:
     """Audit one suite; skip, warn or fail the calling test as its verdict says. Returns the AuditResult."""
-    from .report import write_json
+    from .run_report import write_result
     from .runner import audit
+    from .threads import apply_thread_setting, parse_threads
     from .verdict import FAILING
 
+    apply_thread_setting(parse_threads(options.threads))
     report_dir = options.report_dir / slug if options.report_dir is not None else None
     result = audit(
         adapter,
@@ -117,7 +124,7 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
     suite_result = result.suites[0]
     if report_dir is not None:
         # One file per test: pytest-xdist workers never write the same file; the controller merges them.
-        write_json(report_dir / "results" / f"{suite}.json", result.to_dict())
+        write_result(report_dir, suite, result.to_dict(), RUN_ID)
     if item is not None:
         for check in suite_result.checks:
             for key in ("max_diff", "floor", "threshold"):
@@ -173,10 +180,12 @@ def maskcheck_tests(
     @pytest.mark.parametrize("maskcheck_suite", list(suites) if suites else suite_names())
     def test(maskcheck_suite: str, request: pytest.FixtureRequest) -> None:
         __tracebackhide__ = True
-        adapter = _SESSION_CACHE.get(entry, run)
         try:
+            adapter = _SESSION_CACHE.get(entry, run)
             run_suite_test(adapter, maskcheck_suite, run, request.node, entry.slug)
+            return
         except MaskcheckFailure as failure:
-            pytest.fail(str(failure), pytrace=False)
+            message = str(failure)
+        pytest.fail(message, pytrace=False)  # outside the except block: one message, no chained traceback
 
     return test

@@ -25,9 +25,10 @@ class CheckResult:
     max_diff: float | None = None
     floor: float | None = None
     threshold: float | None = None
-    positions: list[list[int]] = field(default_factory=list)  # [row, position] pairs that changed
+    positions: list[list[int]] = field(default_factory=list)  # pairs that changed, as positions_label says
     case: dict[str, Any] | None = None  # the (shrunk) case that showed it
     hypothesis_blob: str | None = None  # Hypothesis's @reproduce_failure line (ci/thorough); not stable across versions
+    positions_label: str = "row, position"  # "output, input" for an influence pattern
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -66,3 +67,14 @@ class SuiteResult:
 
     def worst_check(self) -> CheckResult | None:
         return max(self.checks, key=lambda c: SEVERITY[c.status], default=None)
+
+    def largest_diff_check(self) -> CheckResult | None:
+        """The check whose measured difference is largest against its threshold (the table's
+        "worst diff" column), among checks that measured one."""
+        return max((c for c in self.checks if c.max_diff is not None and c.threshold), key=diff_ratio, default=None)
+
+
+def diff_ratio(check: Any) -> float:
+    """measured / threshold; NaN and inf (a non-finite output) rank above every number."""
+    ratio = check.max_diff / check.threshold
+    return math.inf if math.isnan(ratio) else ratio

@@ -168,7 +168,7 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
             f"{' ...' if len(cells) > 8 else ''}; max |d log p| = {worst:.3g} > threshold {influence.threshold:.3g} "
             f"(noise floor {influence.floor:.3g})"
         )
-        return Outcome("fail", worst, influence.floor, influence.threshold, [[0, i] for i, _ in cells], message, detail)
+        return Outcome("fail", worst, influence.floor, influence.threshold, cells, message, detail, positions_label="output, input")
     missing = expected & ~measured & influence.outputs[:, None]
     strictly_future = torch.triu(torch.ones_like(expected), diagonal=1)
     if pattern == "bidirectional" and missing[strictly_future].all():

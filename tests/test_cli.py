@@ -147,3 +147,44 @@ def test_module_factory_from_the_current_directory(project: Path, capsys) -> Non
     assert main(["audit", "module:cli_factories:hf", "--suites", "causal", "-q"]) == 0
     assert main(["audit", "module:cli_factories:adapter", "--suites", "causal", "-q"]) == 0
     assert "module:cli_factories:adapter" in capsys.readouterr().out
+
+
+# -- output that neither hides nor misleads ------------------------------------------------------
+
+
+def synthetic_result(checks: list) -> object:  # type: ignore[type-arg]
+    from maskcheck.harness.runner import AuditResult
+    from maskcheck.harness.verdict import SuiteResult
+
+    result = AuditResult("ref:synthetic", {})
+    result.suites.append(SuiteResult("padding", checks, cases=3))
+    return result
+
+
+def test_the_table_explains_every_failing_check_and_its_worst_diff() -> None:
+    from maskcheck.harness.report import render_table
+    from maskcheck.harness.verdict import CheckResult
+
+    failing = [CheckResult(f"check_{i}", "fail", f"leak number {i}", 0.2, 0.0, 0.1) for i in range(11)]
+    # A warn that measured far over its threshold: the column shows it, not the first fail's.
+    warned = CheckResult("positions", "warn", "left padding shifts positions; " + "advice " * 30 + "THE END", 5.0, 0.0, 0.01)
+    text = render_table(synthetic_result([*failing, warned]), "synthetic", 0.1)
+    assert all(f"padding/check_{i}: leak number {i}" in text for i in range(11))
+    assert text.splitlines()[2].split()[3:6] == ["5", "/", "0.01"]
+    assert "THE END" not in text and "THE END" in render_table(synthetic_result([warned]), "synthetic", 0.1, verbose=True)
+
+
+def test_report_md_keeps_the_output_input_pairs_of_a_pattern_leak(tmp_path: Path) -> None:
+    assert main(["audit", "mutant:causal_sees_next_token", "--suites", "causal", "-q", "--report", str(tmp_path)]) == 1
+    markdown = (tmp_path / "report.md").read_text()
+    line = next(line for line in markdown.splitlines() if line.startswith("- positions [output, input]"))
+    assert "[0, 1], [0, 2], [1, 2]" in line
+    pairs = json.loads((tmp_path / "report.json").read_text())["suites"][0]["checks"]
+    declared = next(c for c in pairs if c["name"] == "declared_pattern")
+    assert declared["positions_label"] == "output, input" and len({tuple(p) for p in declared["positions"]}) == len(declared["positions"])
+
+
+def test_a_misspelt_suite_is_refused_before_the_model_loads(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["audit", "hf:./no-such-checkpoint", "--suites", "causl"]) == 2
+    err = capsys.readouterr().err
+    assert "causl (did you mean causal?)" in err and "no-such-checkpoint" not in err

@@ -131,3 +131,145 @@ def test_a_model_that_cannot_load_fails_its_tests_with_one_line(pytester: pytest
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "hf:./missing", "--maskcheck-suites", "causal")
     assert outcomes(result) == {"passed": 1, "failed": 1}
     assert "cannot load hf:./missing: no such directory" in result.stdout.str()
+
+
+# -- a run never goes green without saying what it did not audit --------------------------------
+
+
+def test_test_paths_leave_configured_models_out_and_the_summary_says_so(fake_repo: pytest.Pytester) -> None:
+    result = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py")
+    assert outcomes(result) == {"passed": 1}
+    line = next(line for line in result.stdout.lines if "NOT audited" in line)
+    assert "maskcheck: 2 configured models NOT audited: module:models:good, module:models:buggy" in line
+    assert "test paths were given: run pytest without paths, or add --maskcheck-always" in line
+    # --maskcheck-require turns the line into a failing run; --maskcheck-always audits them.
+    required = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-require")
+    assert required.ret == pytest.ExitCode.TESTS_FAILED and "--maskcheck-require: the run fails" in required.stdout.str()
+    always = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-always")
+    assert outcomes(always) == {"passed": 4, "failed": 1} and "NOT audited" not in always.stdout.str()
+
+
+def test_deselected_models_are_named_and_counts_stay_positive(fake_repo: pytest.Pytester) -> None:
+    result = fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "causal and good")
+    out = result.stdout.str()
+    assert "collected 5 items / 4 deselected / 1 selected" in out, out[-2000:]
+    assert "module:models:good (padding), module:models:buggy [deselected by -k/-m]" in out
+
+
+def test_the_merged_report_describes_this_run_only(fake_repo: pytest.Pytester) -> None:
+    model_dir = fake_repo.path / "maskcheck-report" / "module_models_buggy"
+    assert outcomes(fake_repo.runpytest_subprocess("-p", "no:xdist")) == {"passed": 4, "failed": 1}
+    assert (model_dir / "repro-padding" / "case.json").is_file() and (model_dir / "padding-effective-mask.png").is_file()
+    # Files that are not maskcheck's own, in and beside the model's directory, are never touched.
+    (model_dir / "notes.txt").write_text("mine")
+    (model_dir / "repro-notes").mkdir()
+    (fake_repo.path / "maskcheck-report" / "keep.png").write_bytes(b"mine")
+    # A later run of causal alone: padding's result, bundle and picture are not this run's.
+    assert outcomes(fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "causal")) == {"passed": 2, "deselected": 3}
+    report = json.loads((model_dir / "report.json").read_text())
+    assert [s["name"] for s in report["suites"]] == ["causal"] and report["complete"] is True
+    assert "FAIL" not in (model_dir / "report.md").read_text()
+    assert not (model_dir / "repro-padding").exists() and not (model_dir / "padding-effective-mask.png").exists()
+    assert (model_dir / "notes.txt").read_text() == "mine" and (model_dir / "repro-notes").is_dir()
+    assert (fake_repo.path / "maskcheck-report" / "keep.png").read_bytes() == b"mine"
+    assert not (model_dir / "results").exists()
+
+
+INTERRUPTING_MODELS = '''
+def good():
+    import torch
+    from maskcheck.reference_models import PRESETS, Transformer
+    torch.manual_seed(0)
+    return Transformer(PRESETS["tiny-decoder"])
+
+
+def interrupted():
+    raise KeyboardInterrupt  # Ctrl-C while the second model loads
+'''
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "-x"])
+def test_an_interrupted_run_is_never_complete(pytester: pytest.Pytester, stop: str) -> None:
+    """Ctrl-C while the second model loads, or -x after the first failure: the first model's
+    report says incomplete, and the summary names what did not finish."""
+    if stop == "ctrl-c":
+        pytester.makepyfile(models=INTERRUPTING_MODELS)
+        first, second, extra = "good", "interrupted", []
+    else:
+        pytester.makepyfile(models=MODELS)
+        first, second, extra = "buggy", "good", ["-x"]
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "padding,causal",
+        "--maskcheck-model", f"module:models:{first}", "--maskcheck-model", f"module:models:{second}", *extra,
+    )
+    report = json.loads((pytester.path / "maskcheck-report" / f"module_models_{first}" / "report.json").read_text())
+    assert report["complete"] is False, result.stdout.str()[-2000:]
+    if stop == "-x":
+        assert [s["name"] for s in report["suites"]] == ["padding"] and report["not_run"] == ["causal"]
+    line = next(line for line in result.stdout.lines if "NOT audited" in line)
+    assert f"module:models:{second} [interrupted or stopped before they finished]" in line
+
+
+def test_invalid_settings_are_one_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    pytester.makefile(".toml", pyproject='[tool.pytest.ini_options]\nmaskcheck_models = "ref:tiny-decoder"\nmaskcheck_profile = "fast"\n')
+    result = pytester.runpytest_subprocess("-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = result.stderr.str()
+    assert "maskcheck_profile = 'fast' is not one of dev, ci, thorough" in errors and "Traceback" not in errors
+    assert errors.count("maskcheck_profile") == 1
+
+
+def test_a_misspelt_suite_gets_a_suggestion(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "causl")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "causl (did you mean causal?)" in result.stderr.str()
+
+
+def test_a_helper_failure_prints_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_mine='''
+from maskcheck import maskcheck_tests
+from maskcheck.reference_models.mutants import build
+
+test_buggy = maskcheck_tests(lambda: build("causal_sees_next_token"), suites=["causal"], name="buggy", profile="dev")
+'''
+    )
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert outcomes(result) == {"failed": 1}
+    assert "During handling of the above exception" not in out and out.count("maskcheck causal on buggy: FAIL") == 1
+
+
+THREADS_CONFTEST = '''
+import os
+from pathlib import Path
+
+
+def pytest_runtest_teardown(item):
+    if "maskcheck" in item.keywords:  # a worker that ran an audit: what it left torch with
+        import torch
+        Path("threads-%s.txt" % os.environ.get("PYTEST_XDIST_WORKER", "main")).write_text(str(torch.get_num_threads()))
+'''
+
+
+@pytest.mark.parametrize("setting, expected", [("auto", "share"), ("keep", "default"), ("1", "1")])
+def test_each_worker_takes_a_fair_share_of_threads(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str, expected: str) -> None:
+    import subprocess
+    import sys
+
+    from maskcheck.harness.threads import fair_share, usable_cores
+
+    cores = usable_cores()
+    if cores < 2:
+        pytest.skip("needs two cores to tell a fair share from torch's default")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    pytester.makeconftest(THREADS_CONFTEST)
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "causal,padding", "--maskcheck-threads", setting)
+    assert outcomes(result) == {"passed": 3}, result.stdout.str()[-2000:]
+    seen = {path.read_text() for path in pytester.path.glob("threads-gw*.txt")}
+    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, check=True).stdout.strip()
+    want = {"share": str(fair_share(cores, 2)), "default": default, "1": "1"}[expected]
+    assert seen == {want}, (seen, want)

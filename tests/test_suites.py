@@ -111,8 +111,9 @@ def test_nan_at_a_compared_position_fails() -> None:
     from maskcheck.harness.adapters.module import ModuleAdapter
 
     def nan_when_padded(ids, mask):  # type: ignore[no-untyped-def]
-        logits = torch.zeros(*ids.shape, 8)
-        return logits + torch.where(mask.all(-1, keepdim=True), 0.0, float("nan"))[..., None]
+        # NaN everywhere once any row of the batch is padded: the repeat floor is NaN too
+        logits = torch.randn(*ids.shape, 8, generator=torch.Generator().manual_seed(0))
+        return logits + (0.0 if mask is None or bool(mask.all()) else float("nan"))
 
     result = audit(ModuleAdapter(nan_when_padded, Capabilities(family="encoder", vocab_size=8, attention="bidirectional")), ["padding"])
     checks = {c.name: c for c in result.suite("padding").checks}
