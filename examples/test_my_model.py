@@ -1,7 +1,8 @@
 """The suites for one model, inside your own test module, in one line."""
 
-from maskcheck import maskcheck_tests
 from models import decoder
+
+from maskcheck import maskcheck_tests
 
 test_decoder_cache_and_packing = maskcheck_tests(decoder, suites=["kv_cache", "packing"], name="gqa-decoder")
 
