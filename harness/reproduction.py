@@ -23,6 +23,7 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,47 @@ def weights_hash(spec: str | None) -> str | None:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
+def parameters_hash(adapter: Adapter) -> str | None:
+    """SHA-256 over the names, dtypes, shapes and bytes of the model's parameters and buffers
+    (None for a model that is not an nn.Module, or whose tensors are not in memory)."""
+    import torch
+
+    model = getattr(adapter, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return None
+    digest = hashlib.sha256()
+    try:
+        for name, tensor in sorted(model.state_dict().items()):
+            data = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{name}:{data.dtype}:{tuple(tensor.shape)}\n".encode())
+            digest.update(data.view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, NotImplementedError, TypeError):  # meta or offloaded tensors
+        return None
+    return digest.hexdigest()
+
+
+NOT_REBUILDABLE = (
+    "the bundle cannot rebuild this model by itself (it was handed to maskcheck as an object, or built by a "
+    "lambda or closure, which is not importable by name): set MODEL in its test file, or pass --model to maskcheck replay"
+)
+
+
+def model_source(adapter: Adapter) -> dict[str, Any]:
+    """How a bundle finds its model again from any directory: the spec (a hook's or helper's
+    factory when it is importable by name), the directory a ``module:`` spec imports from,
+    and hashes to warn when the weights changed."""
+    from .specs import import_root
+
+    spec = absolute_spec(getattr(adapter, "replay_spec", None) or adapter.spec)
+    return {
+        "spec": spec,
+        "import_root": import_root(spec) if spec else None,
+        "weights_sha256": weights_hash(spec),
+        "parameters_sha256": parameters_hash(adapter),
+        "note": None if spec else NOT_REBUILDABLE,
+    }
+
+
 # -- cases as plain data ----------------------------------------------------------------------
 
 
@@ -155,7 +197,6 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
     """Replay each failing case with its inputs recorded, then write the bundle atomically."""
     from safetensors.torch import save_file
 
-    spec = absolute_spec(adapter.spec)
     recorder = RecordingAdapter(adapter)
     checks = {c.name: c for c in suite.checks(recorder, context) if hasattr(c, "evaluate")}
     records = []
@@ -177,9 +218,7 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
         "format": BUNDLE_FORMAT,
         "suite": suite.name,
         "model": {
-            "spec": spec,
-            "weights_sha256": weights_hash(spec),
-            "note": None if spec else "handed to maskcheck as an object: replay with your factory (see the test file)",
+            **model_source(adapter),
             # how the spec was loaded: an override forces a layout, a task or backend changes the model
             "overrides": dict(options.overrides) if options else {},
             "task": options.task if options else None,
@@ -220,15 +259,16 @@ def repro_test_source(data: dict[str, Any]) -> str:
     suite, spec = data["suite"], data["model"]["spec"]
     checks = [c["check"] for c in data["checks"]]
     factory = (
-        "MODEL = None  # replayed from the spec recorded in case.json\n"
+        "MODEL = None  # None: rebuilt from the spec recorded in case.json\n"
         if spec
-        else "# The model was handed to maskcheck as an object. Set MODEL to your factory's model, e.g.\n"
+        else "# The bundle cannot rebuild the model by itself: set MODEL to it, e.g.\n"
         "# from mypkg.models import build; MODEL = build()\nMODEL = None\n"
     )
     return f'''"""Reproduction of a maskcheck failure: suite {suite!r} on {spec or "a model object"}.
 
-Run it with plain pytest:  pytest {Path(f"test_repro_{suite}.py")}
-Each test replays one shrunk case and fails with the message maskcheck reported.
+Run it with plain pytest, from any directory:  pytest {Path(f"test_repro_{suite}.py")}
+Each test replays one shrunk case and fails with the message maskcheck reported. A model
+that cannot be rebuilt is an ERROR of the test's setup, never a FAIL.
 Written by maskcheck {data.get("maskcheck_version", "?")}.
 """
 
@@ -236,14 +276,22 @@ from pathlib import Path
 
 import pytest
 
-from maskcheck.harness.reproduction import replay_check
+from maskcheck.harness.reproduction import replay_check, replay_model
 
 BUNDLE = Path(__file__).resolve().parent
 {factory}
 
+@pytest.fixture(scope="module")
+def model():
+    try:
+        return replay_model(BUNDLE, MODEL)
+    except Exception as exc:
+        pytest.fail(f"cannot rebuild the model to replay on: {{exc}}", pytrace=False)
+
+
 @pytest.mark.parametrize("check", {checks!r})
-def test_repro_{suite}(check: str) -> None:
-    result = replay_check(BUNDLE, check, model=MODEL)
+def test_repro_{suite}(check: str, model) -> None:
+    result = replay_check(BUNDLE, check, model=model)
     if result.status == "fail":
         pytest.fail(result.report(), pytrace=False)
 '''
@@ -307,8 +355,8 @@ def _renamed_case_type(case: dict[str, Any]) -> dict[str, Any]:
 def replay(path: str | Path, model: Any = None, device: str | None = None) -> list[ReplayResult]:
     """Replay every failing check of a bundle, on its own model or on ``model`` (spec, object or adapter)."""
     data = load_bundle(path)
-    adapter, note = _adapter_for_replay(data, model, device)
-    return [_replay_one(data, record, adapter, note) for record in data["checks"]]
+    adapter = _adapter_for_replay(data, model, device)
+    return [_replay_one(data, record, adapter) for record in data["checks"]]
 
 
 def replay_check(path: str | Path, check: str, model: Any = None, device: str | None = None) -> ReplayResult:
@@ -316,13 +364,20 @@ def replay_check(path: str | Path, check: str, model: Any = None, device: str | 
     record = next((r for r in data["checks"] if r["check"] == check), None)
     if record is None:
         raise BundleError(f"{path}: no check {check!r} in the bundle (has {[r['check'] for r in data['checks']]})")
-    adapter, note = _adapter_for_replay(data, model, device)
-    return _replay_one(data, record, adapter, note)
+    return _replay_one(data, record, _adapter_for_replay(data, model, device))
 
 
-def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> tuple[Adapter, str | None]:
+def replay_model(path: str | Path, model: Any = None, device: str | None = None) -> Adapter:
+    """The adapter a bundle replays on: ``model`` (spec, object or adapter) or the one it recorded."""
+    return _adapter_for_replay(load_bundle(path), model, device)
+
+
+def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> Adapter:
+    """The adapter to replay on, with ``replay_note`` set when its weights differ from the recorded ones."""
     from .specs import LoadOptions, adapter_for, load_adapter
 
+    if model is not None and not isinstance(model, str):
+        return adapter_for(model)
     recorded = data["model"] if isinstance(data.get("model"), dict) else {}
     options = LoadOptions(
         device=device or str(data.get("device", "cpu")).split(":")[0],
@@ -331,25 +386,34 @@ def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) ->
         attn_implementation=recorded.get("attn_implementation"),
         overrides=dict(recorded.get("overrides") or {}),
     )
-    if model is None:
-        spec = recorded.get("spec")
-        if not spec:
-            raise BundleError("the bundle's model was handed to maskcheck as an object; pass model= (your factory's model) or --model SPEC")
-        adapter = load_adapter(spec, options)
-        now = weights_hash(spec)
-        before = recorded.get("weights_sha256")
-        note = None
-        if before and now != before:
-            note = f"warning: the weights behind {spec} changed since the bundle was written (sha256 {before[:12]}... -> {str(now)[:12]}...)"
-        return adapter, note
     if isinstance(model, str):
-        return load_adapter(model, options), None
-    return adapter_for(model), None
+        return load_adapter(model, options)
+    spec = recorded.get("spec")
+    if not spec:
+        raise BundleError(recorded.get("note") or NOT_REBUILDABLE)
+    root = recorded.get("import_root")
+    if root and root not in sys.path:
+        sys.path.insert(0, root)  # a module: factory imports from where it was audited, whatever the working directory
+    adapter = load_adapter(spec, options)
+    adapter.replay_note = _changed_weights_note(spec, recorded, adapter)
+    return adapter
 
 
-def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter, note: str | None) -> ReplayResult:
+def _changed_weights_note(spec: str, recorded: dict[str, Any], adapter: Adapter) -> str | None:
+    for key, now in (("weights_sha256", lambda: weights_hash(spec)), ("parameters_sha256", lambda: parameters_hash(adapter))):
+        before = recorded.get(key)
+        if before:
+            current = now()
+            if current != before:
+                return f"warning: the weights behind {spec} changed since the bundle was written (sha256 {before[:12]}... -> {str(current)[:12]}...)"
+            return None
+    return None
+
+
+def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) -> ReplayResult:
     from .registry import load_suite
 
+    note = getattr(adapter, "replay_note", None)
     suite = load_suite(data["suite"])
     case = rebuild_case(record["case"])
     tolerance = Tolerance(**data["tolerance"])

@@ -277,6 +277,33 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
     return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task, tokenizer=load_hf_tokenizer(target, options.trust_remote_code))
 
 
+def factory_spec(factory: Any) -> str | None:
+    """``module:pkg.mod:name`` for a factory importable under that name, else None
+    (a lambda, a closure, a method, or a function of ``__main__``)."""
+    module_name, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    if not module_name or module_name == "__main__" or not name.isidentifier():
+        return None
+    try:
+        found = getattr(importlib.import_module(module_name), name, None)
+    except Exception:  # noqa: BLE001 - any failure means "not importable by name"
+        return None
+    return f"module:{module_name}:{name}" if found is factory else None
+
+
+def import_root(spec: str) -> str | None:
+    """For a loaded ``module:pkg.mod:factory`` spec, the directory that makes ``pkg.mod``
+    importable (what replay puts on sys.path, from any working directory)."""
+    module_name = spec.split(":")[1] if spec.startswith("module:") and spec.count(":") == 2 else ""
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if not file:
+        return None
+    path = Path(file).resolve()
+    root = path.parent.parent if path.name == "__init__.py" else path.parent
+    for _ in module_name.split(".")[1:]:
+        root = root.parent
+    return str(root)
+
+
 def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
     module_name, factory_name = target.split(":")
     if not all(part.isidentifier() for part in module_name.split(".")) or not factory_name.isidentifier():

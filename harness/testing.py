@@ -90,13 +90,14 @@ class AdapterCache:
 
 
 def load(entry: ModelEntry, options: RunOptions) -> Any:
-    from .specs import LoadOptions, adapter_for, load_adapter
+    from .specs import LoadOptions, adapter_for, factory_spec, load_adapter
 
     if isinstance(entry.load, str):
         return load_adapter(entry.load, LoadOptions(device=options.device, dtype=options.dtype))
     model = entry.load()
     adapter = adapter_for(model, entry.name)
     adapter.spec = entry.name if adapter.spec.startswith("<") else adapter.spec
+    adapter.replay_spec = factory_spec(entry.load)  # how a reproduction bundle rebuilds it (None: a closure)
     return adapter
 
 
@@ -153,7 +154,20 @@ def verdict_text(result: Any) -> str:
             lines += case_lines(check)
     if suite.reproduction:
         lines.append(f"  reproduction: {how_to_reproduce(suite.reproduction)}")
+        note = bundle_model_note(suite.reproduction)
+        if note:
+            lines.append(f"  {note}")
     return "\n".join(lines)
+
+
+def bundle_model_note(bundle: str) -> str | None:
+    """The bundle's one line on a model it cannot rebuild by itself, if any."""
+    from .reproduction import BundleError, load_bundle
+
+    try:
+        return load_bundle(bundle)["model"].get("note")
+    except (BundleError, KeyError, AttributeError):
+        return None
 
 
 _SESSION_CACHE = AdapterCache()

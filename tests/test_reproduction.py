@@ -111,9 +111,9 @@ def test_a_model_object_gets_a_bundle_that_replays_from_the_authors_factory(tmp_
     result = audit(build("padding_mask_ignored"), ["padding"], bundle_dir=tmp_path)
     bundle = Path(result.suite("padding").reproduction)
     data = load_bundle(bundle)
-    assert data["model"]["spec"] is None and "object" in data["model"]["note"]
-    assert "Set MODEL to your factory's model" in (bundle / "test_repro_padding.py").read_text()
-    with pytest.raises(BundleError, match="pass model="):
+    assert data["model"]["spec"] is None and "handed to maskcheck as an object" in data["model"]["note"]
+    assert "set MODEL to it" in (bundle / "test_repro_padding.py").read_text()
+    with pytest.raises(BundleError, match="set MODEL in its test file, or pass --model"):
         replay(bundle)
     assert replay_check(bundle, "pad_ids", model=build("padding_mask_ignored")).status == "fail"
 
@@ -166,3 +166,99 @@ def test_bundle_loader_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "case.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(BundleError):
         load_bundle(tmp_path)
+
+
+# -- bundles replay from any directory -----------------------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+FACTORY = """
+import torch
+from maskcheck.reference_models.mutants import build
+
+SEED = {seed}
+
+
+def buggy():
+    model = build("padding_mask_ignored")
+    with torch.no_grad():
+        next(model.parameters()).add_(SEED)  # SEED 1: the same factory, other weights
+    return model
+"""
+
+
+def run_bundle(bundle: Path, where: Path) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    """The bundle's test file under plain pytest, from ``where`` (not the audit's directory)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(bundle)],
+        cwd=where, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def test_a_module_spec_bundle_replays_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "mypkg").mkdir(parents=True)
+    elsewhere.mkdir()
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "models.py").write_text(FACTORY.format(seed=0))
+    monkeypatch.chdir(project)
+    result = audit("module:mypkg.models:buggy", ["padding"], bundle_dir=project / "report")
+    bundle = Path(result.suite("padding").reproduction)
+    assert load_bundle(bundle)["model"]["import_root"] == str(project)
+    import shutil
+
+    copied = shutil.copytree(bundle, elsewhere / "repro-padding")
+    completed = run_bundle(copied, elsewhere)
+    assert "failed" in completed.stdout and " error" not in completed.stdout, completed.stdout[-2000:]
+    assert "changing the ids at left-padded slots changed real logits" in completed.stdout
+    # Other weights behind the same factory: the replay still runs, and says so.
+    (project / "mypkg" / "models.py").write_text(FACTORY.format(seed=1))
+    sys.modules.pop("mypkg.models", None)
+    monkeypatch.chdir(elsewhere)
+    replayed = replay(copied)[0]
+    assert replayed.weights_note and "changed since the bundle was written" in replayed.weights_note
+
+
+HOOK_CONFTEST = """
+from maskcheck import ModelEntry
+
+
+def buggy():
+    from maskcheck.reference_models.mutants import build
+    return build("padding_mask_ignored")
+
+
+def pytest_maskcheck_models(config):
+    return [ModelEntry("by-name", buggy), ModelEntry("by-lambda", lambda: buggy())]
+"""
+
+
+def test_hook_models_replay_by_name_and_a_closure_says_what_to_do(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makeconftest(HOOK_CONFTEST)
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "padding")
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"failed": 2}, out[-2000:]
+    assert out.count("the bundle cannot rebuild this model by itself") == 1  # said at failure time, for the lambda only
+    import shutil
+
+    named = shutil.copytree(pytester.path / "maskcheck-report" / "by-name" / "repro-padding", tmp_path / "named")
+    assert load_bundle(named)["model"]["spec"] == "module:conftest:buggy"
+    replayed = run_bundle(named, tmp_path)
+    assert "failed" in replayed.stdout and "left-padded slots" in replayed.stdout, replayed.stdout[-2000:]
+    # The lambda's bundle cannot rebuild its model: an ERROR of the setup with the reason, never a FAIL.
+    closure = shutil.copytree(pytester.path / "maskcheck-report" / "by-lambda" / "repro-padding", tmp_path / "closure")
+    replayed = run_bundle(closure, tmp_path)
+    assert " error" in replayed.stdout and "failed" not in replayed.stdout, replayed.stdout[-2000:]
+    assert "cannot rebuild the model to replay on" in replayed.stdout and "set MODEL" in replayed.stdout
+
+
+def test_format_1_bundles_still_replay(bundles: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    old = shutil.copytree(bundles["padding_mask_ignored"], tmp_path / "old")
+    data = json.loads((old / "case.json").read_text())
+    data["format"] = 1
+    for record in data["checks"]:
+        record["case"]["type"] = record["case"]["type"].removeprefix("maskcheck.")  # 0.1 wrote suites.padding:...
+    (old / "case.json").write_text(json.dumps(data))
+    assert {r.status for r in replay(old)} == {"fail"}

@@ -88,8 +88,9 @@ def test_failure_message_prints_measured_floor_and_threshold() -> None:
 def test_declared_sliding_window_is_enforced() -> None:
     check = next(c for c in audit("mutant:causal_window_ignored", ["causal"]).suite("causal").checks if c.name == "declared_pattern")
     assert "sliding window W=3 over L=2 layers (reach 4)" in check.message
-    # Only outputs further than the reach (4) from the start can see too far back.
-    assert check.positions and all(output >= 5 for _, output in check.positions)
+    # [output, input] pairs: only inputs further back than the reach (4) are leaks.
+    assert check.positions_label == "output, input"
+    assert check.positions and all(output >= 5 and output - input > 4 for output, input in check.positions)
 
 
 def test_one_failing_suite_does_not_stop_the_others() -> None:

@@ -161,6 +161,10 @@ class Adapter(abc.ABC):
     checkpoint: CheckpointRecord | None = None
     #: the maskcheck.harness.specs.LoadOptions the spec was loaded with (None for objects)
     load_options: Any = None
+    #: a spec that rebuilds a model given as an object (an importable factory), for reproduction bundles
+    replay_spec: str | None = None
+    #: set by a bundle's replay when the weights differ from the ones it recorded
+    replay_note: str | None = None
 
     def __init__(self, model: Any, capabilities: Capabilities) -> None:
         self.model = model
