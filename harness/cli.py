@@ -1,6 +1,6 @@
 """The ``maskcheck`` command line: audit a model, list what is available.
 
-Exit codes (DESIGN.md): 0 clean; 1 a check failed, errored or did not run; 2 usage or
+Exit codes (docs/design.md): 0 clean; 1 a check failed, errored or did not run; 2 usage or
 loading error, or nothing applicable; 130 on Ctrl-C.
 """
 

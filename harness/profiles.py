@@ -3,8 +3,8 @@
 They are registered with Hypothesis when this module is imported (the engine imports it),
 so any repo that runs maskcheck gets them. They are registered as ``maskcheck-dev``,
 ``maskcheck-ci`` and ``maskcheck-thorough``: a bare ``ci`` would replace a profile of that
-name the host repo registers for its own tests (a deliberate departure from DESIGN.md's
-short names, which remain the names users type: ``--profile ci``, ``--maskcheck-profile ci``).
+name the host repo registers for its own tests. Users still type the short names:
+``--profile ci``, ``--maskcheck-profile ci``.
 
 How the knobs combine:
 

@@ -1,6 +1,6 @@
 """Leakage versus floating-point noise: thresholds from measured noise floors.
 
-Two kinds of comparison, two rules (DESIGN.md, "Tolerance"):
+Two kinds of comparison, two rules (docs/design.md, "Tolerance"):
 
 * **same shape** (ids changed at masked positions, future tokens changed): a masked
   contribution is an exact zero, so the difference of a correct model equals the

@@ -1,4 +1,4 @@
-"""Statuses, check results and suite results, as in DESIGN.md."""
+"""Statuses, check results and suite results, as in docs/design.md."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def check_logits(logits: Any, batch: int, length: int, vocab_size: int, what: st
 
 
 class Adapter(abc.ABC):
-    """One model behind the protocol in DESIGN.md.
+    """One model behind the protocol in docs/design.md.
 
     Subclasses implement :meth:`_logits` (and optionally loss and cache methods); the
     public methods run under ``torch.inference_mode``, check the model is still in eval

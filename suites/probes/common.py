@@ -64,7 +64,7 @@ class ProbeResult:
     picture: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The report's ``probes`` entry (DESIGN.md): name, summary, grid file, picture."""
+        """The report's ``probes`` entry (docs/design.md): name, summary, grid file, picture."""
         return {"name": self.name, "summary": self.summary, "grid": self.grid_path, "picture": self.picture}
 
     def write(self, directory: str | Path, draw: Callable[[Any, Path], Path]) -> None:
