@@ -191,13 +191,30 @@ POSITION_CAVEAT = (
     "; the model takes no position ids and does not derive them from the mask, so left padding shifts "
     "the positions of real tokens: a real behaviour to know (pad on the right for this model), not a mask leak"
 )
+DECODER_POSITIONS = (
+    "; the model takes no position ids, so left padding shifts the positions of real tokens, and batched "
+    "generation must left-pad a decoder-only model: nothing a caller passes can fix it (derive positions from "
+    "attention_mask, or accept position_ids)"
+)
 
 
 def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  # type: ignore[no-untyped-def]
-    """A shape-changing failure under left padding is a ``warn`` for a model whose positions
-    cannot follow the mask: padding moved its positions, which same-shape checks rule out as a leak."""
+    """What a shape-changing failure under left padding means for a model whose positions
+    may not follow the mask (same-shape checks rule out a mask leak):
+
+    - a decoder-only model that takes no position ids: ``fail`` (generation left-pads it,
+      and no input fixes its positions);
+    - an encoder or encoder-decoder: ``warn`` (left padding is not their convention; they
+      are right-padded, where the checks must hold exactly).
+
+    A model whose positions follow the mask (it takes position ids, which the suites pass,
+    or derives them) keeps its ``fail``: the difference is not positional."""
     positions_follow_mask = capabilities.takes_position_ids or capabilities.derives_positions_from_mask
-    if outcome.status == "fail" and side == "left" and not positions_follow_mask and outcome.max_diff != float("inf"):
+    if outcome.status != "fail" or side != "left" or positions_follow_mask or outcome.max_diff == float("inf"):
+        return outcome
+    if capabilities.family == "decoder":
+        outcome.message += DECODER_POSITIONS
+    else:
         outcome.status = "warn"
         outcome.message += POSITION_CAVEAT
     return outcome

@@ -125,7 +125,10 @@ def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None
         if isinstance(capabilities, dict):
             capabilities = Capabilities(**capabilities)
         convention = getattr(model, "maskcheck_mask_convention", "keep")
-        return ModuleAdapter(model, capabilities, mask_convention=convention, spec=spec)
+        try:
+            return ModuleAdapter(model, capabilities, mask_convention=convention, loss_fn=getattr(model, "maskcheck_loss", None), spec=spec)
+        except ValueError as exc:  # a declared capability the module cannot take
+            raise SpecError(f"{spec}: {exc}") from None
     raise SpecError(
         f"{spec}: got a {type(model).__name__}; expected a transformers PreTrainedModel, a reference Transformer, "
         "an Adapter, or an nn.Module with a maskcheck_capabilities attribute"

@@ -19,6 +19,7 @@ from torch import Tensor
 from .config import ModelConfig
 from .masks import build_attention_mask
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
+from .plain import StepReadsPadding, plain_decoder
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,15 @@ def _leak_next(mask: Tensor | None, q_len: int, k_len: int) -> Tensor:
     return (k <= q + 1)[None, None]  # [1, 1, Tq, Tk]: each query also reads the next key
 
 
+def _leak_next_when_padded(mask: Tensor | None, q_len: int, k_len: int) -> Tensor | None:
+    # A shared mask builder with the bug on its padded path only: with nothing padded SDPA
+    # gets no mask and applies is_causal (right); the mask built for a padded batch lets
+    # each query read the next key. Unpadded rows never show it.
+    if mask is None:
+        return None
+    return mask | _leak_next(mask, q_len, k_len).to(mask.device)
+
+
 def _drop_padding(mask: Tensor | None, q_len: int, k_len: int) -> None:
     return None  # SDPA then applies is_causal only: padding is read
 
@@ -309,6 +319,7 @@ MUTANTS: dict[str, Mutant] = {
         _ref("causal_window_ignored", "causal", "declared_pattern", SLIDING, "a sliding window is declared but the mask is plain causal", decoder=PlainCausalMask),
         _ref("causal_encoder_is_causal", "causal", "declared_pattern", ENCODER, "an encoder built with a causal mask", encoder=PlainCausalMask),
         _hf("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", "gpt2", _leak_next),
+        _hf("hf_llama_causal_leak_when_padded", "causal", "future_tokens", "Llama whose mask builder lets each position read the next token only when a row is padded (no mask is built otherwise)", "llama", _leak_next_when_padded),
         _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
         _ref("padding_polarity_inverted", "padding", "pad_ids", ENCODER, encoder=PolarityInverted),
         _hf("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", "llama", _drop_padding),
@@ -331,6 +342,14 @@ MUTANTS: dict[str, Mutant] = {
             " ".join((CrossFromDecoderStates.__doc__ or "").split()),
             _cross_from_decoder_states,
             lambda: _reference(ENCODER_DECODER),
+        ),
+        Mutant(
+            "module_cache_step_reads_padding",
+            "kv_cache",
+            "greedy_generation",
+            " ".join((StepReadsPadding.__doc__ or "").split()),
+            lambda: plain_decoder(buggy=True),
+            plain_decoder,
         ),
         _hf("hf_llama_decode_step_reads_padding", "kv_cache", "greedy_generation", "Llama whose attention builds no mask for a one-token decoding step, so left-padded cache slots are read", "llama", _no_mask_for_one_query),
         _hf("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", "llama", _top_left_causal_on_cached_chunks),

@@ -19,7 +19,14 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.cases import pad_token, perturb, random_ids, same_shape_outcome
+from ..harness.cases import (
+    pad_rows,
+    pad_token,
+    perturb,
+    positions_for,
+    random_ids,
+    same_shape_outcome,
+)
 from ..harness.influence import expected_pattern, measure_influence
 from ..harness.strategies import case_strategy
 from ..harness.suite import Check, Outcome, RunContext, Suite
@@ -35,6 +42,8 @@ class FutureCase:
     suffix: bool  # change every id after t (True) or one id (False)
     offset: int  # with suffix=False, change position t + 1 + offset
     source_length: int  # encoder-decoders: length of the (fixed) source
+    padding: int  # pad slots in every row: a mask builder's padded path can differ from its unpadded one
+    side: str  # "left" or "right"
     seed: int
 
 
@@ -47,10 +56,11 @@ class PatternCase:
 # Built once: building st.integers(...) inside a draw costs a cache lookup per case.
 _ZERO_TO = [st.integers(0, n) for n in range(MAX_LENGTH + 1)]
 _BATCHES, _BOOLEANS, _SEEDS = st.integers(1, 3), st.booleans(), st.integers(0, 2**16)
+_SIDES = st.sampled_from(["right", "left"])
 
 
 @st.composite
-def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_lengths: st.SearchStrategy[int]) -> FutureCase:
+def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_lengths: st.SearchStrategy[int], paddings: st.SearchStrategy[int]) -> FutureCase:
     length = draw(lengths)
     cut = draw(_ZERO_TO[length - 2])
     return FutureCase(
@@ -60,14 +70,18 @@ def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_length
         suffix=draw(_BOOLEANS),
         offset=draw(_ZERO_TO[length - cut - 2]),
         source_length=draw(source_lengths),
+        padding=draw(paddings),
+        side=draw(_SIDES),
         seed=draw(_SEEDS),
     )
 
 
-def future_cases(max_length: int, encoder_decoder: bool) -> st.SearchStrategy[FutureCase]:
-    """Only encoder-decoders draw a source length (the others keep the minimal 1)."""
+def future_cases(max_length: int, encoder_decoder: bool, takes_mask: bool) -> st.SearchStrategy[FutureCase]:
+    """Only encoder-decoders draw a source length (the others keep the minimal 1); only
+    models that take a mask draw padded rows (the rest keep 0 pad slots)."""
     source_lengths = st.integers(1, max_length) if encoder_decoder else st.just(1)
-    return _future_case(st.integers(2, max_length), source_lengths)
+    paddings = st.integers(0, 3) if takes_mask else st.just(0)
+    return _future_case(st.integers(2, max_length), source_lengths, paddings)
 
 
 def model_length(capabilities: Capabilities, cap: int) -> int:
@@ -98,7 +112,9 @@ class CausalSuite(Suite):
         caps = adapter.capabilities
         checks: list = []
         if caps.family != "encoder":
-            checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), future_cases(model_length(caps, MAX_LENGTH), caps.family == "encoder_decoder")))
+            length = model_length(caps, MAX_LENGTH)
+            cases = future_cases(length - (3 if caps.takes_attention_mask and length > 5 else 0), caps.family == "encoder_decoder", caps.takes_attention_mask)
+            checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), cases))
         length = pattern_length(caps)
         strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
         checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
@@ -115,21 +131,28 @@ class CausalSuite(Suite):
     def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:
         caps = adapter.capabilities
         pad = pad_token(adapter)
-        ids = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad, caps.device)
-        position = torch.arange(case.length, device=ids.device)
+        real = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad)  # [B, length]
+        ids, mask = pad_rows(list(real), case.length + case.padding, case.side, pad)  # [B, T]
+        ids, mask = ids.to(caps.device), mask.to(caps.device)
+        index = mask.cumsum(-1) - 1  # [B, T]: each real token's index among the real ones
         if case.suffix:
-            changed = position > case.cut
+            changed = mask.bool() & (index > case.cut)
         else:
-            changed = position == case.cut + 1 + case.offset
-        perturbed = perturb(ids, changed.expand_as(ids), caps.vocab_size, case.seed, pad)
-        protected = (position <= case.cut).expand_as(ids)
+            changed = mask.bool() & (index == case.cut + 1 + case.offset)
+        perturbed = perturb(ids, changed, caps.vocab_size, case.seed, pad)
+        protected = mask.bool() & (index <= case.cut)
+        # Unpadded rows run without a mask, as users call them; padded rows with their mask
+        # (and positions that skip the padding, for models that take them).
+        row_mask = mask if case.padding else None
         if caps.family == "encoder_decoder":
             source, source_mask = source_batch(adapter, case.batch, case.source_length, case.seed)
-            base = Batch(source, source_mask, decoder_input_ids=ids)
-            test = Batch(source, source_mask, decoder_input_ids=perturbed)
+            base = Batch(source, source_mask, decoder_input_ids=ids, decoder_attention_mask=row_mask)
+            test = Batch(source, source_mask, decoder_input_ids=perturbed, decoder_attention_mask=row_mask)
         else:
-            base, test = Batch(ids), Batch(perturbed)
-        what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut} changed logits at positions <= {case.cut}"
+            positions = positions_for(adapter, mask) if case.padding else None
+            base, test = Batch(ids, row_mask, positions), Batch(perturbed, row_mask, positions)
+        padded = f" in {case.side}-padded rows" if case.padding else ""
+        what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut}{padded} changed logits at positions <= {case.cut}"
         return same_shape_outcome(adapter, context, base, test, protected, what)
 
     # -- declared_pattern -------------------------------------------------------------------

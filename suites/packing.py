@@ -11,6 +11,10 @@ passed). Checks, run with the adapter's documented packing setting:
 - ``segments_alone``: each sequence's logits equal the same sequence run alone
   (shape-changing rule). Catches positions that do not restart.
 - ``packed_vs_padded``: the packed row equals the same sequences as a right-padded batch.
+- ``no_packing_input``: for a model with no packing input at all (RoBERTa, MPT, a plain
+  module), the sequences back to back with nothing else, as flattening collators leave
+  them: a leak is a ``warn`` ("not safe to pack"), since nothing the model takes can
+  isolate them. Encoder-decoders without a packing input are not applicable.
 - ``settings``: when an adapter knows other ways a user might pack (Hugging Face: leaving
   ``use_cache`` at its default, or passing an attention mask of ones), each is run on the
   same cases; the check reports exactly which inputs and settings keep packing safe and
@@ -90,9 +94,11 @@ def pack(adapter: Adapter, case: PackedCase) -> PackedRow:
     ids, segments = ids[None].to(device), segments[None].to(device)  # [1, T]
     if adapter.capabilities.packing == "segment_ids":
         batch = Batch(ids, (segments >= 0).long(), segment_ids=segments)
-    else:
+    elif adapter.capabilities.packing == "position_ids":
         positions = torch.cat([torch.arange(row.numel()) for row in rows])[None].to(device)  # [1, T]
         batch = Batch(ids, position_ids=positions)
+    else:  # no packing input: the sequences back to back, as a flattening collator leaves them
+        batch = Batch(ids)
     return PackedRow(batch, rows, starts)
 
 
@@ -113,6 +119,19 @@ def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -
     perturbed = with_ids(packed.batch, perturb(packed.batch.input_ids, inside, caps.vocab_size, case.seed, pad_token(adapter)))
     what = f"changing packed sequence {changed} of lengths {list(case.segment_lengths)} changed the logits of another sequence"
     return same_shape_outcome(adapter, context, packed.batch, perturbed, others, what)
+
+
+def unisolated(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+    """Packing a model that has no packing input: a leak is a ``warn`` (nothing it takes can
+    isolate the sequences, so it is a property of the model, not a broken path)."""
+    outcome = segment_isolation(adapter, context, case)
+    if outcome.status == "fail":
+        outcome.status = "warn"
+        outcome.message = (
+            f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences "
+            "(it takes neither segment ids nor position ids that restart per sequence)"
+        )
+    return outcome
 
 
 def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
@@ -143,16 +162,17 @@ class PackingSuite(Suite):
     summary = "sequences packed in one row do not interfere"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
-        if capabilities.packing is None:
-            if capabilities.family == "encoder_decoder":
-                return "packing is checked for encoders and decoders; this encoder-decoder declares no packing input"
-            return "the model declares no packing input (segment ids, or position ids that restart per sequence)"
+        if capabilities.packing is None and capabilities.family == "encoder_decoder":
+            return "packing is checked for encoders and decoders; this encoder-decoder declares no packing input"
         return None
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
+        strategy = packed_cases(adapter.capabilities)
+        if adapter.capabilities.packing is None:
+            # People pack such models anyway (flattening collators): measure what it does.
+            return [Check("no_packing_input", lambda c: unisolated(adapter, context, c), strategy)]
         settings = adapter.packing_settings()
         documented = settings[0][1]
-        strategy = packed_cases(adapter.capabilities)
         checks = [
             Check("segment_isolation", lambda c: segment_isolation(documented, context, c), strategy),
             Check("segments_alone", lambda c: segments_alone(documented, context, c), strategy),

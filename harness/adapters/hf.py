@@ -214,6 +214,50 @@ def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
     return "sliding_window", int(window)
 
 
+@dataclass(frozen=True)
+class ForwardKeywords:
+    """The keywords a model's forward accepts, read from its class.
+
+    An instance's ``forward`` is often a wrapper (a monkeypatch, a training framework's
+    hook) whose ``*args, **kwargs`` hide the real signature; the class's forward is what
+    runs underneath. A ``**kwargs`` in the class's own forward accepts anything.
+    """
+
+    names: frozenset[str]
+    takes_any: bool
+
+    @classmethod
+    def of(cls, model: Any) -> "ForwardKeywords":
+        forward = type(model).forward
+        try:
+            parameters = inspect.signature(forward).parameters
+        except (TypeError, ValueError):  # no signature to read: assume every keyword, and let the suites measure
+            return cls(frozenset(), True)
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        return cls(frozenset(parameters), takes_any)
+
+    def named(self, name: str) -> bool:
+        return name in self.names
+
+    def accepts(self, name: str) -> bool:
+        return name in self.names or self.takes_any
+
+
+def returns_loss(model: Any, task: str, vocab_size: int) -> bool:
+    """Whether a forward given ``labels`` returns a loss, found by calling it once on two tokens."""
+    ids = torch.tensor([[1 % vocab_size, 2 % vocab_size]], device=next(model.parameters()).device)
+    inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
+    if task == "seq2seq":
+        inputs["decoder_input_ids"] = ids
+    try:
+        with torch.inference_mode():
+            output = model(**inputs)
+    except Exception:  # a model that refuses labels takes none
+        return False
+    loss = getattr(output, "loss", None)
+    return isinstance(loss, Tensor) and loss.numel() == 1
+
+
 class HFAdapter(Adapter):
     def __init__(self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None) -> None:
         config = model.config
@@ -222,8 +266,9 @@ class HFAdapter(Adapter):
             raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
         self.task: Task = chosen  # type: ignore[assignment]
         family = FAMILY_OF_TASK[chosen]
-        parameters = inspect.signature(model.forward).parameters
-        self.cache_keyword = "cache" if "cache" in parameters else ("past_key_values" if "past_key_values" in parameters else None)
+        keywords = ForwardKeywords.of(model)
+        self.cache_keyword = "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
+        vocab_size = _output_vocab(model)
         attention, window = declared_attention(config, family)
         parameter = next(model.parameters())
         device = str(parameter.device)
@@ -234,15 +279,17 @@ class HFAdapter(Adapter):
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         capabilities = Capabilities(
             family=family,  # type: ignore[arg-type]
-            vocab_size=_output_vocab(model),
-            takes_attention_mask="attention_mask" in parameters,
-            takes_position_ids="position_ids" in parameters,
+            vocab_size=vocab_size,
+            # A mask is assumed to be taken unless the class's forward cannot accept one:
+            # a mask that changes nothing is the padding suite's finding, not a reason to skip it.
+            takes_attention_mask=keywords.accepts("attention_mask"),
+            takes_position_ids=keywords.named("position_ids"),
             derives_positions_from_mask=False,
             # The padding-free path transformers documents (position ids restarting per sequence,
             # no attention mask) builds a block-diagonal mask for causal masks only.
-            packing="position_ids" if family == "decoder" and "position_ids" in parameters else None,
+            packing="position_ids" if family == "decoder" and keywords.named("position_ids") else None,
             has_cache=family != "encoder" and self.cache_keyword is not None,
-            has_loss="labels" in parameters,
+            has_loss=keywords.accepts("labels") and returns_loss(model, chosen, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
             max_length=getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None),
             attention=attention,  # type: ignore[arg-type]

@@ -1,0 +1,24 @@
+"""A plain PyTorch decoder with its own KV cache, audited by maskcheck with no adapter code.
+
+The model (maskcheck.reference_models.plain.PlainDecoder, about a hundred lines) is what
+the module protocol asks of your own model:
+
+- ``maskcheck_capabilities``: what the model is (here a dict with has_cache=True);
+- ``forward(input_ids, attention_mask)`` -> logits, mask 1 = real token;
+- ``prefill(input_ids, attention_mask)`` -> (logits, cache);
+- ``step(cache, input_ids, attention_mask_so_far)`` -> (logits, cache).
+
+    maskcheck audit module:cached_decoder:decoder --suites causal,padding,kv_cache
+    maskcheck audit module:cached_decoder:decoder_with_cache_bug --suites kv_cache   # fails
+"""
+
+from maskcheck.reference_models.plain import plain_decoder
+
+
+def decoder():
+    return plain_decoder()
+
+
+def decoder_with_cache_bug():
+    """Its decoding step forgets the padding mask: kv_cache fails, shrunk to two short rows."""
+    return plain_decoder(buggy=True)
