@@ -294,6 +294,32 @@ def _tiny_hf(kind: str, attn_implementation: str) -> Any:
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
 
 
+def _mistral(window_dropped: bool) -> Any:
+    """A tiny Mistral with a real-width sliding window (512 tokens); with ``window_dropped``
+    its mask builder makes a plain causal mask, as a model class that forgets to build the
+    sliding mask would. The window is wider than any toy-size pattern, so only a check at
+    the window's own width sees it."""
+    import functools
+    from unittest import mock
+
+    from transformers import MistralConfig, MistralForCausalLM
+    from transformers.models.mistral import modeling_mistral
+
+    class WindowDroppedMistral(MistralForCausalLM):
+        @functools.wraps(MistralForCausalLM.forward)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            with mock.patch.object(modeling_mistral, "create_sliding_window_causal_mask", modeling_mistral.create_causal_mask):
+                return super().forward(*args, **kwargs)
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, sliding_window=512, pad_token_id=0,
+    )
+    cls = WindowDroppedMistral if window_dropped else MistralForCausalLM
+    return cls(config).eval()
+
+
 DECODER = ModelConfig()
 LEARNED = ModelConfig(position="learned")
 ENCODER = ModelConfig(family="encoder", position="learned")
@@ -317,6 +343,14 @@ MUTANTS: dict[str, Mutant] = {
         _ref("causal_sees_next_token", "causal", "future_tokens", DECODER, decoder=SeesNextToken),
         _ref("causal_last_layer_bidirectional", "causal", "future_tokens", DECODER, decoder=LastLayerBidirectional),
         _ref("causal_window_ignored", "causal", "declared_pattern", SLIDING, "a sliding window is declared but the mask is plain causal", decoder=PlainCausalMask),
+        Mutant(
+            "hf_mistral_window_dropped",
+            "causal",
+            "layer_windows",
+            "Mistral whose mask builder ignores its 512-token sliding window (a plain causal mask in every layer)",
+            lambda: _mistral(window_dropped=True),
+            lambda: _mistral(window_dropped=False),
+        ),
         _ref("causal_encoder_is_causal", "causal", "declared_pattern", ENCODER, "an encoder built with a causal mask", encoder=PlainCausalMask),
         _hf("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", "gpt2", _leak_next),
         _hf("hf_llama_causal_leak_when_padded", "causal", "future_tokens", "Llama whose mask builder lets each position read the next token only when a row is padded (no mask is built otherwise)", "llama", _leak_next_when_padded),

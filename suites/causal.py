@@ -118,6 +118,15 @@ class CausalSuite(Suite):
         length = pattern_length(caps)
         strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
         checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
+        windows = adapter.declared_layer_windows()
+        if windows:
+            # Through two layers, influence at the edge of the reach is too small to measure, and
+            # one full layer lets everything reach everything: each layer is checked on its own,
+            # at the real width of its window.
+            widest = max(w for w in windows if w is not None)
+            layer_length = model_length(caps, widest + LAYER_MARGIN)
+            layers = case_strategy(PatternCase, length=st.just(layer_length), seed=st.integers(0, 2**16))
+            checks.append(Check("layer_windows", lambda case: layer_windows(adapter, windows, case), layers, max_examples=1))
         return checks
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 10) -> tuple:
@@ -176,6 +185,34 @@ def measure_pattern(adapter: Adapter, context: RunContext, length: int, seed: in
         pattern = caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal"
     influence = measure_influence(adapter, context, row, seed, decoder_side)
     return influence, expected_pattern(length, pattern, caps.window, caps.n_layers), pattern
+
+
+LAYER_MARGIN = 8  # queries past the widest window, so its edge is seen from several rows
+
+
+def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCase) -> Outcome:
+    """Each layer's measured mask against its declared type: a sliding window ``W`` lets query
+    ``q`` read keys ``q - W < k <= q``; a full layer every ``k <= q``."""
+    caps = adapter.capabilities
+    ids = random_ids(case.seed, (1, case.length), caps.vocab_size, pad_token(adapter), caps.device)
+    measured = adapter.layer_attention_masks(ids)
+    if len(measured) != len(declared):
+        return Outcome("fail", message=f"measured {len(measured)} attention layers, but the config declares {len(declared)}")
+    distance = torch.arange(case.length)[:, None] - torch.arange(case.length)[None, :]  # [T, T]: q - k
+    wrong = []
+    for layer, (mask, window) in enumerate(zip(measured, declared)):
+        expected = (distance >= 0) & (distance < window if window is not None else True)
+        leaks, missing = mask & ~expected, expected & ~mask
+        kind = f"sliding window W={window}" if window is not None else "full attention"
+        if leaks.any():
+            reach = int(distance[mask].max())
+            wrong.append(f"layer {layer} ({kind}) reads keys up to {reach} positions back, e.g. [query, key] {leaks.nonzero()[:3].tolist()}")
+        elif missing.any():
+            reach = int(distance[mask].max()) if mask.any() else 0
+            wrong.append(f"layer {layer} ({kind}) reads only {reach} positions back (length {case.length})")
+    if wrong:
+        return Outcome("fail", message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}")
+    return Outcome("pass", message="")
 
 
 def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabilities) -> Outcome:  # type: ignore[no-untyped-def]

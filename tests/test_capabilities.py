@@ -134,3 +134,40 @@ def test_models_without_a_packing_input_are_measured_when_packed() -> None:
     assert bert.status == "warn" and bert.checks[0].message.startswith("not safe to pack: changing packed sequence")
     plain = audit(plain_decoder(), ["packing"]).suite("packing")
     assert plain.status == "warn" and "no input of this model isolates packed sequences" in plain.checks[0].message
+
+
+# -- sliding windows checked per layer, at their real width --------------------------------------
+
+def windowed(config_class: str, attn: str, **window: object) -> object:
+    import transformers
+
+    config = getattr(transformers, config_class)(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, **window,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+@pytest.mark.parametrize(
+    "config_class, attn, window",
+    [
+        ("MistralConfig", "sdpa", {"sliding_window": 4096, "max_position_embeddings": 4200}),  # every layer sliding
+        ("Gemma2Config", "eager", {"sliding_window": 300, "max_position_embeddings": 1024}),  # sliding, then full
+    ],
+)
+def test_each_layer_keeps_its_declared_window_at_real_width(config_class: str, attn: str, window: dict) -> None:
+    adapter = HFAdapter(windowed(config_class, attn, **window))
+    declared = adapter.declared_layer_windows()
+    assert declared == ([4096, 4096] if config_class == "MistralConfig" else [300, None])
+    check = next(c for c in audit(adapter, ["causal"]).suite("causal").checks if c.name == "layer_windows")
+    assert check.status == "pass", check.message
+
+
+def test_a_window_the_mask_builder_drops_fails_per_layer() -> None:
+    """At 512 tokens the window is far past the toy-size pattern check (which passes); the
+    per-layer check sees every layer read 519 positions back."""
+    checks = {c.name: c for c in audit("mutant:hf_mistral_window_dropped", ["causal"]).suite("causal").checks}
+    assert checks["declared_pattern"].status == "pass"
+    assert checks["layer_windows"].status == "fail"
+    assert "layer 0 (sliding window W=512) reads keys up to 519 positions back" in checks["layer_windows"].message

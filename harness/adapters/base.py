@@ -223,6 +223,16 @@ class Adapter(abc.ABC):
         inputs = "segment_ids per packed sequence (positions restart per sequence)" if packing == "segment_ids" else "position_ids restarting at 0 per sequence"
         return [(PackingSetting(packing, inputs), self)]
 
+    def declared_layer_windows(self) -> list[int | None] | None:
+        """Per layer, the sliding window it declares (None: full attention), or None when the
+        adapter cannot tell layers apart."""
+        return None
+
+    def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
+        """Per layer, ``[T, T]`` True where some head of that layer gives a query's attention to
+        a key, measured on one unpadded row ``input_ids [1, T]``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot show its layers' attention")
+
     def layout(self) -> dict[str, Any] | None:
         """The architecture fields the model runs with (norm layout, norm kind, position scheme ...),
         or None when the adapter cannot tell."""

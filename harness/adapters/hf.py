@@ -191,7 +191,22 @@ def _from_pickles(auto_class: Any, config: Any, files: list[Path], kwargs: dict[
     return model.eval()
 
 
-def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
+def declared_layer_windows(config: Any) -> list[int | None] | None:
+    """Per layer, the sliding window the config declares (None: full attention); None when
+    no layer declares one or a layer's type is neither (chunked attention, ...)."""
+    pattern, window = declared_attention(config, "decoder", every_layer=False)
+    if pattern != "sliding_window":
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    types = getattr(text, "layer_types", None) or ["sliding_attention"] * (layers or 0)
+    kinds = {"sliding_attention": window, "full_attention": None}
+    if not types or any(kind not in kinds for kind in types):
+        return None
+    return [kinds[kind] for kind in types]
+
+
+def declared_attention(config: Any, family: str, every_layer: bool = True) -> tuple[str, int | None]:
     """The attention pattern a config declares: ``(pattern, window)``.
 
     A ``sliding_window`` counts only when the config class knows the field (a Llama
@@ -209,7 +224,7 @@ def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
     if not window or not known or getattr(config, "use_sliding_window", True) is False:
         return "causal", None
     layer_types = getattr(config, "layer_types", None)
-    if layer_types and any(kind != "sliding_attention" for kind in layer_types):
+    if every_layer and layer_types and any(kind != "sliding_attention" for kind in layer_types):
         return "causal", None
     return "sliding_window", int(window)
 
@@ -325,6 +340,34 @@ class HFAdapter(Adapter):
         info = super().describe()
         info.update(task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation)
         return info
+
+    def declared_layer_windows(self) -> list[int | None] | None:
+        return declared_layer_windows(self.model.config) if self.task == "causal-lm" else None
+
+    def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
+        """The eager implementation's attention weights, layer by layer: a key a query may not
+        read gets exactly zero weight there. Each layer's ``[B, H, T, T]`` weights are reduced
+        to ``[T, T]`` by a hook as the layer runs, so at most one layer's weights are held."""
+        seen: dict[int, Tensor] = {}
+
+        def keep(module: Any, _inputs: Any, output: Any) -> None:
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if isinstance(weights, Tensor) and weights.dim() == 4:
+                seen[module.layer_idx] = (weights[0] > 0).any(0).cpu()  # [T, T]: read by some head
+
+        hooks = [m.register_forward_hook(keep) for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int) and type(m).__name__.endswith("Attention")]
+        previous = self.model.config._attn_implementation
+        try:
+            self.model.set_attn_implementation("eager")
+            with torch.inference_mode():
+                call_model(self.model, input_ids=input_ids, use_cache=False)
+        finally:
+            self.model.set_attn_implementation(previous)
+            for hook in hooks:
+                hook.remove()
+        if not seen:
+            raise AdapterError("the eager attention returned no attention weights to measure")
+        return [seen[index] for index in sorted(seen)]
 
     # -- forward ------------------------------------------------------------------------------
 
