@@ -86,6 +86,10 @@ class RecordingAdapter:
         self._keep("step", None, tokens=tokens, attention_mask=attention_mask)
         return self._adapter.step(state, tokens, attention_mask)
 
+    def layer_attention_masks(self, input_ids: Any) -> Any:
+        self._keep("layers", None, input_ids=input_ids)
+        return self._adapter.layer_attention_masks(input_ids)
+
 
 # -- identifying the model --------------------------------------------------------------------
 

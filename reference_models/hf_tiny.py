@@ -103,3 +103,85 @@ def tiny_model(name: str, attn_implementation: str | None = None, seed: int = 0)
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return auto.from_config(config, **kwargs).eval()
+
+
+# -- any architecture of the installed transformers, shrunk -------------------------------------
+
+#: config attribute -> the small value it gets (only attributes a config already has are set)
+SHRUNK_SIZES: dict[str, int] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "word_embed_proj_dim"), 64),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner"), 128),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 2),
+    **dict.fromkeys(("head_dim", "kv_channels", "d_kv", "attention_head_dim"), 16),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
+    "vocab_size": 128,
+}
+SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
+#: per-type overrides where the generic shrink does not give a buildable config
+SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {}
+
+
+def model_types(task: str) -> list[str]:
+    """Every model type of the installed transformers under the auto mapping of ``task``."""
+    from transformers.models.auto import modeling_auto
+
+    mapping = {
+        "causal-lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "masked-lm": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "seq2seq": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    }[task]
+    return sorted(mapping)
+
+
+def _mixed(layer_types: list[str]) -> list[str]:
+    """Two layers that keep each kind of a longer pattern (sliding then full, say)."""
+    kinds = list(dict.fromkeys(layer_types))
+    return (kinds * 2)[:2]
+
+
+def shrunk_config(model_type: str) -> Any:
+    """The type's default config with two layers, width 64, vocabulary 128 and a default
+    sliding window of 6; nested text configs (multimodal types) are shrunk the same way."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    _shrink(config)
+    for name in ("text_config", "decoder", "encoder"):
+        nested = getattr(config, name, None)
+        if nested is not None and hasattr(nested, "to_dict"):
+            _shrink(nested)
+    for key, value in SWEEP_OVERRIDES.get(model_type, {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def _shrink(config: Any) -> None:
+    present = config.to_dict()
+    for key, value in SHRUNK_SIZES.items():
+        if key in present and isinstance(present[key], int) and not isinstance(present[key], bool):
+            setattr(config, key, value)
+    if isinstance(present.get("sliding_window"), int) and present["sliding_window"]:
+        config.sliding_window = SWEEP_WINDOW
+    if isinstance(present.get("layer_types"), list) and present["layer_types"]:
+        config.layer_types = _mixed(present["layer_types"])
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        if isinstance(present.get(key), int) and present[key] >= SHRUNK_SIZES["vocab_size"]:
+            setattr(config, key, {"pad_token_id": 0, "bos_token_id": 1}.get(key, 2))
+
+
+def shrunk_model(model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0) -> Any:
+    """A random-init model of ``model_type`` for ``task``, from :func:`shrunk_config`, in eval mode."""
+    import transformers
+
+    auto = {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }[task]
+    torch.manual_seed(seed)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return auto.from_config(shrunk_config(model_type), **kwargs).eval()

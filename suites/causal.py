@@ -199,20 +199,23 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
     if len(measured) != len(declared):
         return Outcome("fail", message=f"measured {len(measured)} attention layers, but the config declares {len(declared)}")
     distance = torch.arange(case.length)[:, None] - torch.arange(case.length)[None, :]  # [T, T]: q - k
-    wrong = []
+    wrong, off_by = [], 0  # off_by: the most positions a layer's reach is off its declared reach
     for layer, (mask, window) in enumerate(zip(measured, declared)):
         expected = (distance >= 0) & (distance < window if window is not None else True)
-        leaks, missing = mask & ~expected, expected & ~mask
+        declared_reach = int(distance[expected].max())
+        reach = int(distance[mask].max()) if mask.any() else 0
         kind = f"sliding window W={window}" if window is not None else "full attention"
+        leaks = mask & ~expected
         if leaks.any():
-            reach = int(distance[mask].max())
             wrong.append(f"layer {layer} ({kind}) reads keys up to {reach} positions back, e.g. [query, key] {leaks.nonzero()[:3].tolist()}")
-        elif missing.any():
-            reach = int(distance[mask].max()) if mask.any() else 0
-            wrong.append(f"layer {layer} ({kind}) reads only {reach} positions back (length {case.length})")
+        elif (expected & ~mask).any():
+            wrong.append(f"layer {layer} ({kind}) reads only {reach} positions back, {declared_reach} declared (length {case.length})")
+        else:
+            continue
+        off_by = max(off_by, abs(reach - declared_reach), 1)
     if wrong:
-        return Outcome("fail", message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}")
-    return Outcome("pass", message="")
+        return Outcome("fail", float(off_by), 0.0, 0.0, message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}")
+    return Outcome("pass")
 
 
 def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabilities) -> Outcome:  # type: ignore[no-untyped-def]

@@ -71,8 +71,8 @@ def test_hugging_face_packing_is_safe_only_with_use_cache_false_and_no_mask(name
 
 
 def test_bert_has_no_padding_free_path() -> None:
-    """The finding behind BERT's packing=None: position ids restarting per sequence, no attention
-    mask, and still both sequences attend to each other (the bidirectional mask ignores them)."""
+    """The finding behind BERT's "not safe to pack": position ids restarting per sequence, no
+    attention mask, and still both sequences attend to each other (the bidirectional mask ignores them)."""
     model = tiny_model("bert", "sdpa")
     first, second = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[10, 11, 12, 13]])
     positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3]])
@@ -80,7 +80,8 @@ def test_bert_has_no_padding_free_path() -> None:
         packed = model(input_ids=torch.cat([first, second], 1), position_ids=positions).logits
         alone = model(input_ids=second, position_ids=positions[:, 5:]).logits
     assert (packed[0, 5:] - alone[0]).abs().max() > 1e-4
-    assert audit(HFAdapter(model), ["packing"]).suite("packing").status == "not_applicable"
+    packing = audit(HFAdapter(model), ["packing"]).suite("packing")
+    assert packing.status == "warn" and packing.checks[0].message.startswith("not safe to pack")
 
 
 def test_kv_cache_failure_names_the_step() -> None:

@@ -57,9 +57,10 @@ def test_every_seeded_bug_fails_its_suite_for_the_right_reason(name: str) -> Non
     assert result.exit_code == 1
 
 
-@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check != "declared_pattern"])
+@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check not in ("declared_pattern", "layer_windows")])
 def test_failures_shrink_to_a_minimal_case(name: str) -> None:
-    """A leak shrinks to one row of at most four tokens."""
+    """A leak shrinks to one row of at most four tokens (the pattern checks measure at a
+    fixed length: the declared pattern's, or a layer's real window)."""
     mutant = MUTANTS[name]
     check = next(c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check)
     case = check.case
