@@ -279,6 +279,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                     examples=option("examples", "examples", None),
                     timeout=option("timeout", "timeout", None),
                     known_findings=config.get("known_findings", ()),
+                    disabled_conventions=config.get("disabled_conventions", ()),
                     probes=_split(args.probes) if args.probes else (),
                     progress=save_progress,
                     report_dir=report_dir,

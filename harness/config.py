@@ -51,6 +51,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "timeout": (int, float),
     "tolerance": dict,
     "known_findings": list,
+    "disabled_conventions": list,  # ids of harness/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
 }
 LIST_KEYS = ("models", "suites", "attn_implementation")

@@ -214,6 +214,7 @@ def run_options(config: pytest.Config) -> Any:
             report_dir=Path(config.rootpath, setting(config, "report_dir")),
             timeout=tool.get("timeout"),
             known_findings=tool.get("known_findings", ()),
+            disabled_conventions=tool.get("disabled_conventions", ()),
             tolerance=tool.get("tolerance"),
             threads=setting(config, "threads"),
         )

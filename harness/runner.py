@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from .adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
 from .config import KnownFinding
-from .findings import apply_known_findings
+from .findings import apply_conventions, apply_known_findings
 from .profiles import check_profile, examples_of
 from .registry import UnknownSuiteError, load_probe, load_suite, suite_names
 from .reproduction import FailedCheck, write_bundle
@@ -117,6 +117,7 @@ def audit(
     bundle_dir: str | Path | None = None,
     timeout: float | None = None,
     known_findings: Sequence[KnownFinding] = (),
+    disabled_conventions: Sequence[str] = (),
     probes: Sequence[str] = (),
     progress: ProgressCallback | None = None,
 ) -> AuditResult:
@@ -126,7 +127,9 @@ def audit(
     (which defaults to it), one reproduction bundle per failing suite (``repro-<suite>/``).
     ``profile`` is one of maskcheck.harness.profiles.PROFILES; ``examples`` replaces its case count.
     ``timeout`` limits each suite (seconds): checks it cuts short are ``not_run``.
-    ``known_findings`` turn matching failures into ``warn`` until they expire.
+    ``known_findings`` turn matching failures into ``warn`` until they expire; documented
+    conventions of the model's architecture (``harness/conventions.json``) do the same,
+    except those named in ``disabled_conventions``.
     ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
     their grids and pictures go to ``report_dir`` when one is given.
 
@@ -162,6 +165,7 @@ def audit(
         suite_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_case)
         suite_result = run_suite(suite, adapter, suite_context)
         apply_known_findings(adapter.spec, [suite_result], known_findings)
+        apply_conventions(result.adapter.get("architecture"), [suite_result], disabled_conventions)
         result.suites.append(suite_result)
         result.pending.remove(name)
         if progress:
@@ -206,6 +210,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
             result.checks.append(CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check"))
         else:
             result.checks.append(_run_one(check, context, result, failures))
+    suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
     if result.status == "fail" and context.report_dir is not None and hasattr(suite, "effective_mask"):

@@ -124,6 +124,9 @@ class Suite(abc.ABC):
         """The checks to run; a :class:`CheckResult` stands for a check decided up front
         (``not_applicable`` with its reason)."""
 
+    def conclude(self, results: list[CheckResult]) -> None:
+        """Revise verdicts that one check's result explains in another (runs after every check)."""
+
 
 def case_to_dict(case: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(case):

@@ -62,6 +62,7 @@ class RunOptions:
     report_dir: Path | None = None
     timeout: float | None = None
     known_findings: Sequence[Any] = ()
+    disabled_conventions: Sequence[str] = ()
     tolerance: dict[str, Any] | None = None
     threads: str | int = "auto"  # torch threads in this process (maskcheck.harness.threads)
 
@@ -118,6 +119,7 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
         seed=options.seed,
         timeout=options.timeout,
         known_findings=options.known_findings,
+        disabled_conventions=options.disabled_conventions,
         tolerance_overrides=options.tolerance,
         report_dir=report_dir,
         bundle_dir=report_dir or Path("maskcheck-report") / slug,

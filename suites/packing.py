@@ -196,5 +196,8 @@ class PackingSuite(Suite):
                 safe.append(setting.inputs)
         if not leaks:
             return Outcome("pass", worst.max_diff, worst.floor, worst.threshold)
-        message = f"packing is safe with: {'; '.join(safe) or 'no setting tried'}. It leaks with: {' | '.join(leaks)}"
+        if safe:
+            message = f"packing is safe with: {'; '.join(safe)}. It leaks with: {' | '.join(leaks)}"
+        else:
+            message = f"packing leaks under every setting tried: {' | '.join(leaks)}"
         return Outcome("warn", worst.max_diff, worst.floor, worst.threshold, worst.positions, message)

@@ -322,11 +322,13 @@ class HFAdapter(Adapter):
         self.mask_of_ones = False
 
     def packing_settings(self) -> list[tuple[PackingSetting, Adapter]]:
-        """The documented padding-free path first, then what a user might pass instead."""
+        """The padding-free path (position ids restarting per sequence, as transformers'
+        DataCollatorWithFlattening passes them) first, then what a user might pass instead.
+        Whether this model's attention implements that path is what the checks measure."""
         if self.capabilities.packing is None:
             return []
-        documented = "position_ids restarting at 0 per sequence, no attention_mask, use_cache=False"
-        settings = [(PackingSetting("documented", documented), self)]
+        padding_free = "position_ids restarting at 0 per sequence, no attention_mask, use_cache=False"
+        settings = [(PackingSetting("position_ids", padding_free), self)]
         if getattr(self.model.config, "use_cache", False):
             defaults = copy.copy(self)
             defaults.use_cache = None
