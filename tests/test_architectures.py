@@ -3,9 +3,10 @@ installed transformers, audited in-process, against the verdicts docs/architectu
 
 from __future__ import annotations
 
-from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.reference_models.hf_tiny import shrunk_model
+
+from maskcheck import audit
 
 
 def test_a_documented_label_convention_is_a_warn_with_its_reason_and_can_be_turned_off() -> None:
