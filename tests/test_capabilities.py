@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from maskcheck.harness.adapters.base import Capabilities
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.module import ModuleAdapter
-from maskcheck.reference_models.hf_tiny import tiny_model
+from maskcheck.reference_models.hf_tiny import shrunk_model, tiny_model
 from maskcheck.reference_models.plain import plain_decoder
 from torch import nn
 
@@ -127,11 +127,12 @@ def test_a_decoder_whose_positions_ignore_left_padding_fails() -> None:
     assert checks["padded_vs_unpadded"].status == "fail" and "nothing a caller passes can fix it" in checks["padded_vs_unpadded"].message
 
 
-def test_models_without_a_packing_input_are_measured_when_packed() -> None:
-    """An encoder (BERT) and a decoder without position ids (a plain module) are packed
-    anyway by flattening collators: a leak is a warn that says so, never not_applicable."""
-    bert = audit(HFAdapter(tiny_model("bert", "eager")), ["packing"]).suite("packing")
-    assert bert.status == "warn" and bert.checks[0].message.startswith("not safe to pack: changing packed sequence")
+@pytest.mark.parametrize("model_type, task", [("roberta", "masked-lm"), ("mpt", "causal-lm")])
+def test_models_without_a_packing_input_are_measured_when_packed(model_type: str, task: str) -> None:
+    """An encoder (RoBERTa), an ALiBi decoder without position ids (MPT) and a plain module
+    are packed anyway by flattening collators: a leak is a warn that says so, never not_applicable."""
+    packing = audit(HFAdapter(shrunk_model(model_type, task)), ["packing"]).suite("packing")
+    assert packing.status == "warn" and packing.checks[0].message.startswith("not safe to pack: changing packed sequence")
     plain = audit(plain_decoder(), ["packing"]).suite("packing")
     assert plain.status == "warn" and "no input of this model isolates packed sequences" in plain.checks[0].message
 
