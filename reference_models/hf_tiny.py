@@ -118,8 +118,15 @@ SHRUNK_SIZES: dict[str, int] = {
     **dict.fromkeys(("head_dim", "kv_channels", "d_kv", "attention_head_dim"), 16),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), 8),  # multi-head latent attention
+    **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
     "vocab_size": 128,
 }
+#: what the "counts" shrink keeps small: how many layers, experts and tokens, not how wide
+COUNT_KEYS = frozenset(
+    k for k in SHRUNK_SIZES if k == "vocab_size" or "layers" in k or k.endswith("_layer") or "experts" in k or k in ("moe_topk", "top_k")
+)
+SHRINK_LEVELS = ("full", "counts")
 SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
 #: per-type overrides where the generic shrink does not give a buildable config
 SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {}
@@ -143,25 +150,28 @@ def _mixed(layer_types: list[str]) -> list[str]:
     return (kinds * 2)[:2]
 
 
-def shrunk_config(model_type: str) -> Any:
+def shrunk_config(model_type: str, level: str = "full") -> Any:
     """The type's default config with two layers, width 64, vocabulary 128 and a default
-    sliding window of 6; nested text configs (multimodal types) are shrunk the same way."""
+    sliding window of 6 (``level="full"``), or with only its counts shrunk (layers, experts,
+    vocabulary: ``level="counts"``) for a type whose widths depend on each other in ways the
+    full shrink breaks. Nested text configs (multimodal types) are shrunk the same way."""
     from transformers import AutoConfig
 
+    keys = SHRUNK_SIZES if level == "full" else {k: v for k, v in SHRUNK_SIZES.items() if k in COUNT_KEYS}
     config = AutoConfig.for_model(model_type)
-    _shrink(config)
+    _shrink(config, keys)
     for name in ("text_config", "decoder", "encoder"):
         nested = getattr(config, name, None)
         if nested is not None and hasattr(nested, "to_dict"):
-            _shrink(nested)
+            _shrink(nested, keys)
     for key, value in SWEEP_OVERRIDES.get(model_type, {}).items():
         setattr(config, key, value)
     return config
 
 
-def _shrink(config: Any) -> None:
+def _shrink(config: Any, keys: dict[str, int]) -> None:
     present = config.to_dict()
-    for key, value in SHRUNK_SIZES.items():
+    for key, value in keys.items():
         if key in present and isinstance(present[key], int) and not isinstance(present[key], bool):
             setattr(config, key, value)
     if isinstance(present.get("sliding_window"), int) and present["sliding_window"]:
@@ -173,7 +183,7 @@ def _shrink(config: Any) -> None:
             setattr(config, key, {"pad_token_id": 0, "bos_token_id": 1}.get(key, 2))
 
 
-def shrunk_model(model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0) -> Any:
+def shrunk_model(model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0, level: str = "full") -> Any:
     """A random-init model of ``model_type`` for ``task``, from :func:`shrunk_config`, in eval mode."""
     import transformers
 
@@ -184,4 +194,4 @@ def shrunk_model(model_type: str, task: str, attn_implementation: str | None = N
     }[task]
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return auto.from_config(shrunk_config(model_type), **kwargs).eval()
+    return auto.from_config(shrunk_config(model_type, level), **kwargs).eval()
