@@ -41,10 +41,10 @@ from typing import Any, Callable
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from maskcheck.harness import runner  # noqa: E402
-from maskcheck.harness.specs import adapter_for  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
+from maskcheck.harness import runner  # noqa: E402
+from maskcheck.harness.specs import adapter_for  # noqa: E402
 
 
 def gpt2_small() -> Any:

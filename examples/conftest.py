@@ -6,6 +6,7 @@ from maskcheck import ModelEntry
 def pytest_maskcheck_models(config):
     def sliding_window_decoder():
         import torch
+
         from maskcheck.reference_models import PRESETS, Transformer
 
         torch.manual_seed(0)

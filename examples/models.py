@@ -5,6 +5,7 @@ never at collection, so every pytest-xdist worker collects the same tests cheapl
 def decoder():
     """Your model here; a maskcheck reference decoder stands in for it."""
     import torch
+
     from maskcheck.reference_models import PRESETS, Transformer
 
     torch.manual_seed(0)

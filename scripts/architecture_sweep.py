@@ -35,14 +35,14 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     """One audit, in this process: the record the sweep writes."""
     import torch
     import transformers
+
+    from maskcheck import audit
     from maskcheck.harness.adapters.hf import HFAdapter
     from maskcheck.reference_models.hf_tiny import (
         SHRINK_LEVELS,
         shrunk_config,
         shrunk_model,
     )
-
-    from maskcheck import audit
 
     torch.set_num_threads(1)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))  # a type that explodes fails alone, fast

@@ -15,13 +15,12 @@ import warnings
 
 warnings.filterwarnings("ignore")
 
+from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
-
-from maskcheck import audit
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ warnings.filterwarnings("ignore")
 
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
+
 from maskcheck.harness.registry import load_suite
 from maskcheck.harness.specs import adapter_for
 from maskcheck.harness.suite import Check, RunContext

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict
 
 import torch
+
 from maskcheck.harness.specs import SpecError, override_config
 from maskcheck.reference_models import ModelConfig, save_checkpoint
 from maskcheck.reference_models.retrieval import VOCAB_KEY, RetrievalVocab

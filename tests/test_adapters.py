@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from maskcheck.harness.adapters.base import AdapterError, Batch, Capabilities, extend
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.module import ModuleAdapter

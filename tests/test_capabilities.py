@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from maskcheck import audit
 from maskcheck.harness.adapters.base import Capabilities
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.module import ModuleAdapter
 from maskcheck.reference_models.hf_tiny import shrunk_model, tiny_model
 from maskcheck.reference_models.plain import plain_decoder
-from torch import nn
-
-from maskcheck import audit
 
 
 def wrapped_llama(loss_counts_ignored_labels: bool) -> object:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from maskcheck.harness.cli import build_parser, main
-from maskcheck.harness.report import report_schema
 
 from maskcheck import audit
+from maskcheck.harness.cli import build_parser, main
+from maskcheck.harness.report import report_schema
 
 
 @pytest.fixture
@@ -34,6 +34,7 @@ def test_every_report_validates_against_the_shipped_schema(spec: str, suites: li
 
 def test_error_and_nan_reports_validate_too() -> None:
     import torch
+
     from maskcheck.harness.adapters.base import Capabilities
     from maskcheck.harness.adapters.module import ModuleAdapter
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from maskcheck.harness.cli import main
 from maskcheck.harness.tolerance import (
     EPS,
@@ -158,9 +159,8 @@ def test_tolerance_from_pyproject_reaches_the_audit(tmp_path, monkeypatch, capsy
 def test_low_precision_audits_measure_their_float32_reference_error() -> None:
     """FlashAttention's rule, per audit: a bf16 model is compared with its float32 twin once,
     and twice that error joins the shape-changing threshold."""
-    from maskcheck.harness.tolerance import EPS, Tolerance
-
     from maskcheck import LoadOptions, audit
+    from maskcheck.harness.tolerance import EPS, Tolerance
 
     result = audit("ref:tiny-decoder", ["padding"], options=LoadOptions(dtype="bfloat16"))
     error = result.environment["float32_reference_error"]

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+
+from maskcheck import audit
 from maskcheck.harness.cli import main
 from maskcheck.harness.costs import kv_formula, profile, tensor_bytes
 from maskcheck.harness.specs import LoadOptions, load_adapter
 from maskcheck.reference_models.hf_tiny import tiny_model
-
-from maskcheck import audit
 
 
 def test_kv_bytes_per_token_match_the_formula_for_reference_and_hugging_face(tmp_path: Path) -> None:
@@ -85,6 +85,7 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from audit_overhead import Recorder
+
     from maskcheck.harness.specs import adapter_for
 
     model = tiny_model("gpt2")
@@ -104,6 +105,7 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from audit_overhead import breakdown
+
     from maskcheck.harness import runner
     from maskcheck.reference_models import PRESETS, Transformer
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import maskcheck.harness.suite as engine
 import pytest
+
+import maskcheck.harness.suite as engine
 from maskcheck.harness.suite import (
     Check,
     Outcome,
@@ -98,6 +99,7 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
 
     from hypothesis import find, settings
     from hypothesis import strategies as st
+
     from maskcheck.harness.strategies import case_strategy
 
     @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
 def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_full() -> None:
     from hypothesis import Phase, given, settings
     from hypothesis import seed as hypothesis_seed
+
     from maskcheck.harness.suite import example_strategy
 
     examples: list[tuple] = []

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.cli import main
 from maskcheck.harness.specs import LoadOptions, load_adapter
@@ -20,8 +22,6 @@ from maskcheck.suites.probes.summaries import (
     reach,
     wilson,
 )
-
-from maskcheck import audit
 
 WINDOW, SINKS = 8, 4
 
@@ -102,9 +102,10 @@ def test_summaries() -> None:
 
 @pytest.fixture(scope="module")
 def hf_with_tokenizer():  # type: ignore[no-untyped-def]
-    from maskcheck.reference_models.hf_tiny import tiny_config
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from maskcheck.reference_models.hf_tiny import tiny_config
 
     words = word_list()
     corpus = [" ".join(words[i : i + 12]).capitalize() + ". The special magic number for a-b is 12345." for i in range(0, len(words), 12)]

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+
 from maskcheck.reference_models import (
     PRESETS,
     CheckpointError,

@@ -12,6 +12,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from maskcheck import audit
 from maskcheck.harness.cli import main
 from maskcheck.harness.reproduction import (
     BundleError,
@@ -21,8 +23,6 @@ from maskcheck.harness.reproduction import (
 )
 from maskcheck.reference_models import ModelConfig, Transformer, save_checkpoint
 from maskcheck.reference_models.mutants import MUTANTS, build, build_clean
-
-from maskcheck import audit
 
 
 @pytest.fixture(scope="module")

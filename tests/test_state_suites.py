@@ -15,13 +15,13 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.specs import LoadOptions, adapter_for, load_adapter
 from maskcheck.reference_models import PRESETS, ModelConfig, save_checkpoint
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.training import TrainingRun, train
-
-from maskcheck import audit
 
 STATE_SUITES = ["packing", "kv_cache", "norm_checkpoint"]
 

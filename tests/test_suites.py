@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
+from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
-
-from maskcheck import audit
 
 MASK_SUITES = ["causal", "padding", "cross_attention", "loss_masking"]
 NEVER_FAILING = {"pass", "warn", "not_applicable"}
@@ -109,6 +109,7 @@ def test_one_failing_suite_does_not_stop_the_others() -> None:
 
 def test_nan_at_a_compared_position_fails() -> None:
     import torch
+
     from maskcheck.harness.adapters.base import Capabilities
     from maskcheck.harness.adapters.module import ModuleAdapter
 
