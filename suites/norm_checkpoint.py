@@ -67,13 +67,20 @@ class NormCheckpointSuite(Suite):
     summary = "a checkpoint runs under the norm layout and position scheme it was trained with"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
-        if capabilities.norm_layout is None:
-            return "the adapter does not expose its norm layout (reference models do; Hugging Face configs fix it per architecture)"
-        return None
+        return None  # decided per evidence in checks(): a checkpoint's load evidence needs no layout
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         once = case_strategy(ProbeCase, seed=st.just(context.seed))
         checks: list = []
+        loading = getattr(adapter, "loading_info", None)
+        if loading is not None:
+            checks.append(Check("load", lambda c: self.load(adapter, loading), once, max_examples=1))
+        if adapter.capabilities.norm_layout is None:
+            reason = "the adapter cannot rebuild the weights under another layout (reference models can)"
+            checks.append(CheckResult("behaviour", "not_applicable", reason))
+            if loading is None:
+                checks.insert(0, CheckResult("load", "not_applicable", "the model was not loaded from a checkpoint directory"))
+            return checks
         record = adapter.checkpoint
         if record is None:
             checks.append(CheckResult("metadata", "not_applicable", "the model was not loaded from a checkpoint that records its layout"))
@@ -86,6 +93,26 @@ class NormCheckpointSuite(Suite):
                 checks.append(Check("fingerprint", lambda c: self.fingerprint(adapter, context), once, max_examples=1))
         checks.append(Check("behaviour", lambda c: self.behaviour(adapter, c), once, max_examples=1))
         return checks
+
+    def load(self, adapter: Adapter, info: Any) -> Outcome:
+        """Every tensor of the checkpoint is used and every parameter comes from it."""
+        problems = []
+        for names, what in (
+            (info.unexpected, "checkpoint tensors the class never reads"),
+            (info.missing, "parameters the checkpoint does not hold (initialised at random)"),
+            (info.mismatched, "tensors whose shape does not fit their parameter"),
+        ):
+            if names:
+                problems.append(f"{len(names)} {what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}")
+        if not problems:
+            return Outcome("pass", message="every tensor of the checkpoint is used and every parameter comes from it")
+        from ..harness.checkpoint_fit import checkpoint_names, matching_classes
+
+        architecture = type(getattr(adapter, "model", None)).__name__
+        fits = [name for name in matching_classes(checkpoint_names(info.checkpoint)) if name != architecture]
+        hint = f"; its tensor names fit {', '.join(fits)}" if fits else "; no causal-LM class of this transformers has exactly its tensor names"
+        count = len(info.unexpected) + len(info.missing) + len(info.mismatched)
+        return Outcome("fail", float(count), 0.0, 0.0, [], f"the checkpoint does not fit {architecture}: {'; '.join(problems)}{hint}")
 
     def metadata(self, adapter: Adapter) -> Outcome:
         assert adapter.checkpoint is not None

@@ -40,6 +40,16 @@ class HFLoadError(Exception):
     """A Hugging Face directory that cannot be loaded safely or at all."""
 
 
+@dataclass(frozen=True)
+class LoadingInfo:
+    """What ``from_pretrained`` did with a checkpoint's tensors (tied weights already understood)."""
+
+    checkpoint: str
+    missing: tuple[str, ...]  # parameters the checkpoint did not hold: initialised at random
+    unexpected: tuple[str, ...]  # tensors of the checkpoint the class never reads
+    mismatched: tuple[str, ...]  # tensors whose shape does not fit the parameter
+
+
 @dataclass
 class HFState:
     cache: Any  # the model's own Cache object, mutated in place by forward
@@ -143,13 +153,15 @@ def load_hf_directory(
         model = _from_pickles(_auto_class(chosen), config, pickles, kwargs)
         return model.to(device) if device is not None else model
     try:
-        model = _auto_class(chosen).from_pretrained(str(path), use_safetensors=True, **kwargs)
+        model, info = _auto_class(chosen).from_pretrained(str(path), use_safetensors=True, output_loading_info=True, **kwargs)
     except ValueError as exc:
         raise HFLoadError(f"{path}: cannot build a {chosen} model ({str(exc).splitlines()[0]})") from None
     except Exception as exc:  # OSError, or the safetensors reader's own error for a truncated file
         raise HFLoadError(f"{path}: cannot read the weights ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if device is not None:
         model = model.to(device)
+    mismatched = tuple(str(entry[0] if isinstance(entry, (tuple, list)) else entry) for entry in info.get("mismatched_keys", ()))
+    model.maskcheck_loading_info = LoadingInfo(str(path), tuple(sorted(info.get("missing_keys", ()))), tuple(sorted(info.get("unexpected_keys", ()))), mismatched)
     return model
 
 
@@ -316,6 +328,8 @@ class HFAdapter(Adapter):
         )
         super().__init__(model, capabilities)
         self.spec = spec
+        #: how the checkpoint's tensors were loaded (None for a model handed in as an object)
+        self.loading_info: LoadingInfo | None = getattr(model, "maskcheck_loading_info", None)
         self.attn_implementation = getattr(config, "_attn_implementation", None)
         # use_cache=False unless a packing setting leaves it at the config default (None)
         self.use_cache: bool | None = False
