@@ -213,7 +213,8 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
-    if result.status == "fail" and context.report_dir is not None and hasattr(suite, "effective_mask"):
+    if result.status in ("pass", "warn", "fail") and context.report_dir is not None and hasattr(suite, "effective_mask"):
+        # A passing audit of a third-party checkpoint gets its pictures too: something to look at.
         result.picture = _draw(suite, adapter, context)
     result.seconds = time.perf_counter() - started
     return result

@@ -169,12 +169,14 @@ def test_effective_mask_marks_exactly_the_cells_each_seeded_bug_leaks() -> None:
     assert leak_cells("ref:tiny-decoder", "causal")[0] == set() and leak_cells("ref:tiny-encoder", "padding")[0] == set()
 
 
-def test_report_directory_gets_the_picture_of_a_failing_mask_suite(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_report_directory_gets_the_picture_of_every_mask_suite_that_ran(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from maskcheck.harness.cli import main
 
-    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding,causal", "-q", "--report", str(tmp_path)]) == 1
+    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding,causal,kv_cache", "-q", "--report", str(tmp_path)]) == 1
     assert (tmp_path / "padding-effective-mask.png").stat().st_size > 1000
-    assert not (tmp_path / "causal-effective-mask.png").exists(), "only failing suites get a picture"
+    # A passing mask suite gets its picture too; a suite with no mask picture (kv_cache) none.
+    assert (tmp_path / "causal-effective-mask.png").stat().st_size > 1000
+    assert not (tmp_path / "kv_cache-effective-mask.png").exists()
     import json
 
     report = json.loads((tmp_path / "report.json").read_text())

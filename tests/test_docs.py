@@ -1,0 +1,90 @@
+"""Every maskcheck command the README and docs/ show (`$ maskcheck ...`) runs, offline, on a CPU,
+and exits as the page says: the docs cannot rot. A command that cannot run here (an
+install line, a GPU, a long benchmark, a checkpoint trained first) says so on its line:
+"(not run by the docs test)"."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = "(not run by the docs test)"
+EXIT = re.compile(r"\(exit (\d+)\)")
+
+
+def documented_commands(page: Path) -> list[tuple[str, int | None]]:
+    """(command, the exit code the page shows or None) for each `$ maskcheck` line, in order."""
+    commands: list[tuple[str, int | None]] = []
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            continue
+        if line.startswith("$ "):
+            command = line[2:].split("  #")[0].strip()
+            if NOT_RUN in line or "maskcheck " not in command or command.startswith(("pytest", "python")):
+                commands.append(("", None))  # a boundary: output below belongs to no command we run
+                continue
+            commands.append((command, None))
+        elif commands and commands[-1][0] and (found := EXIT.search(line)):
+            commands[-1] = (commands[-1][0], int(found.group(1)))
+    return [c for c in commands if c[0]]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """What the pages' commands expect beside them: a checkpoint directory and the examples."""
+    from maskcheck.reference_models.hf_tiny import tiny_model
+
+    tiny_model("gpt2").save_pretrained(tmp_path / "my-checkpoint")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "docs").mkdir()
+    return tmp_path
+
+
+def run(command: str, cwd: Path) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    if command.startswith("cd "):
+        directory, _, command = command[3:].partition("&&")
+        cwd = cwd / directory.strip()
+    argv = shlex.split(command.strip())
+    assert argv[0] == "maskcheck", command
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "maskcheck", *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=600, env=environment)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_documented_command_runs(page: Path, workdir: Path) -> None:
+    for command, expected in documented_commands(page):
+        completed = run(command, workdir)
+        output = completed.stdout + completed.stderr
+        assert "Traceback" not in output, (command, output[-2000:])
+        if expected is not None:
+            assert completed.returncode == expected, (command, output[-2000:])
+        else:
+            assert completed.returncode in (0, 1), (command, completed.returncode, output[-2000:])
+
+
+def test_the_cli_reference_is_current() -> None:
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_no_link_leaves_the_repository() -> None:
+    links = re.compile(r"\]\(([^)#]+)")
+    for page in PAGES:
+        for target in links.findall(page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            assert (page.parent / target).resolve().is_relative_to(ROOT), (page.name, target)
+            assert (page.parent / target).exists(), (page.name, target)
