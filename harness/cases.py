@@ -74,7 +74,7 @@ def positions_for(adapter: Adapter, mask: Tensor) -> Tensor | None:
     """Position ids derived from the mask, for models that take them (so padding does not shift positions)."""
     if not adapter.capabilities.takes_position_ids:
         return None
-    return positions_from_mask(mask)
+    return positions_from_mask(mask, offset=adapter.capabilities.position_offset)
 
 
 _BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))

@@ -23,6 +23,8 @@ passed). Checks, run with the adapter's documented packing setting:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +97,8 @@ def pack(adapter: Adapter, case: PackedCase) -> PackedRow:
     if adapter.capabilities.packing == "segment_ids":
         batch = Batch(ids, (segments >= 0).long(), segment_ids=segments)
     elif adapter.capabilities.packing == "position_ids":
-        positions = torch.cat([torch.arange(row.numel()) for row in rows])[None].to(device)  # [1, T]
+        offset = adapter.capabilities.position_offset  # the model's own first position id
+        positions = torch.cat([torch.arange(row.numel()) for row in rows])[None].to(device) + offset  # [1, T]
         batch = Batch(ids, position_ids=positions)
     else:  # no packing input: the sequences back to back, as a flattening collator leaves them
         batch = Batch(ids)
@@ -121,17 +124,40 @@ def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -
     return same_shape_outcome(adapter, context, packed.batch, perturbed, others, what)
 
 
-def unisolated(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+NO_PACKING_INPUT = "it takes neither segment ids nor position ids that restart per sequence"
+POSITIONS_DO_NOT_ISOLATE = (
+    "position ids restarting per sequence change nothing about it: its attention builds no packed-sequence mask from them"
+)
+
+
+def unisolated(adapter: Adapter, context: RunContext, case: PackedCase, why: str = NO_PACKING_INPUT) -> Outcome:
     """Packing a model that has no packing input: a leak is a ``warn`` (nothing it takes can
     isolate the sequences, so it is a property of the model, not a broken path)."""
     outcome = segment_isolation(adapter, context, case)
     if outcome.status == "fail":
         outcome.status = "warn"
-        outcome.message = (
-            f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences "
-            "(it takes neither segment ids nor position ids that restart per sequence)"
-        )
+        outcome.message = f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences ({why})"
     return outcome
+
+
+def without_packing_input(adapter: Adapter) -> Adapter:
+    """The same adapter packing sequences back to back, with no position ids."""
+    plain = copy.copy(adapter)
+    plain.capabilities = dataclasses.replace(adapter.capabilities, packing=None)
+    return plain
+
+
+def isolates_by_positions(adapter: Adapter, context: RunContext) -> bool:
+    """Whether the model has a padding-free path at all, measured on two packed sequences of
+    three tokens: restarting position ids must change which positions of the second
+    sequence the first one reaches. A model whose leak is the same with and without them
+    has no path to fail (a broken path leaks at fewer positions, or none)."""
+    case = PackedCase(segment_lengths=(3, 3), changed=0, padding=0, seed=context.seed)
+    with_positions = segment_isolation(adapter, context, case)
+    if with_positions.status != "fail":
+        return True
+    plain = segment_isolation(without_packing_input(adapter), context, case)
+    return not (plain.status == "fail" and plain.positions == with_positions.positions)
 
 
 def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
@@ -171,6 +197,9 @@ class PackingSuite(Suite):
         if adapter.capabilities.packing is None:
             # People pack such models anyway (flattening collators): measure what it does.
             return [Check("no_packing_input", lambda c: unisolated(adapter, context, c), strategy)]
+        if adapter.capabilities.packing == "position_ids" and not isolates_by_positions(adapter, context):
+            plain = without_packing_input(adapter)
+            return [Check("no_packing_input", lambda c: unisolated(plain, context, c, POSITIONS_DO_NOT_ISOLATE), strategy)]
         settings = adapter.packing_settings()
         documented = settings[0][1]
         checks = [

@@ -48,6 +48,7 @@ class Capabilities:
     n_layers: int | None = None
     norm_layout: str | None = None
     position_scheme: str | None = None
+    position_offset: int = 0  # the id of a sequence's first position (RoBERTa numbers from padding_idx + 1)
     device: str = "cpu"
     dtype: str = "float32"
     tokenizer: Any = field(default=None, compare=False, repr=False)
@@ -281,11 +282,11 @@ def extend(mask: Tensor, next_position: Tensor, attention_mask: Tensor | None, n
     return full_mask, positions, next_position + attention_mask.sum(-1, dtype=torch.long)
 
 
-def positions_from_mask(mask: Tensor, start: Tensor | None = None) -> Tensor:
+def positions_from_mask(mask: Tensor, start: Tensor | None = None, offset: int = 0) -> Tensor:
     """Position ids counting only real tokens (``[0, 0, 1, 1] -> [0, 0, 0, 1]``), offset by ``start [B]``."""
     counts = mask.cumsum(-1, dtype=torch.long)  # [B, T], a new tensor: the in-place ops below are safe
     if start is None:
         counts.sub_(1)
     else:
         counts.add_(start[:, None] - 1)
-    return counts.clamp_(min=0)
+    return counts.clamp_(min=0).add_(offset)

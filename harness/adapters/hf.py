@@ -270,6 +270,27 @@ class ForwardKeywords:
         return name in self.names or self.takes_any
 
 
+def position_offset(model: Any, task: str, vocab_size: int) -> int:
+    """The position id a sequence starts at, found by calling: the offset whose ``position_ids``
+    reproduce the model's own positions (0 for most; RoBERTa-style models count from
+    ``padding_idx + 1``). 0 when none does (the model builds its positions otherwise)."""
+    if task == "seq2seq":
+        return 0
+    ids = torch.tensor([[3 % vocab_size, 4 % vocab_size, 5 % vocab_size, 6 % vocab_size]], device=next(model.parameters()).device)
+    pad = getattr(model.config, "pad_token_id", None)
+    candidates = dict.fromkeys([0, *([pad + 1] if isinstance(pad, int) else []), 1, 2])
+    try:
+        with torch.inference_mode():
+            own = model(input_ids=ids).logits
+            for offset in candidates:
+                positions = torch.arange(4, device=ids.device)[None] + offset
+                if torch.allclose(model(input_ids=ids, position_ids=positions).logits, own, atol=1e-5, rtol=1e-4):
+                    return offset
+    except Exception:  # noqa: BLE001 - the suites will report a model that cannot take position ids
+        return 0
+    return 0
+
+
 def returns_loss(model: Any, task: str, vocab_size: int) -> bool:
     """Whether a forward given ``labels`` returns a loss, found by calling it once on two tokens."""
     ids = torch.tensor([[1 % vocab_size, 2 % vocab_size]], device=next(model.parameters()).device)
@@ -312,6 +333,7 @@ class HFAdapter(Adapter):
             takes_attention_mask=keywords.accepts("attention_mask"),
             takes_position_ids=keywords.named("position_ids"),
             derives_positions_from_mask=False,
+            position_offset=position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0,
             # The padding-free path transformers documents (position ids restarting per sequence,
             # no attention mask) builds a block-diagonal mask for causal masks only.
             packing="position_ids" if family == "decoder" and keywords.named("position_ids") else None,
@@ -439,7 +461,7 @@ class HFAdapter(Adapter):
             return output.logits, state
         inputs["attention_mask"] = mask
         if self.capabilities.takes_position_ids and batch.position_ids is None:
-            inputs["position_ids"] = positions_from_mask(mask)
+            inputs["position_ids"] = positions_from_mask(mask, offset=self.capabilities.position_offset)
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), mask, mask.long().sum(-1))
 
@@ -456,7 +478,7 @@ class HFAdapter(Adapter):
         else:
             inputs.update(input_ids=tokens, attention_mask=full_mask)
             if self.capabilities.takes_position_ids:
-                inputs["position_ids"] = positions
+                inputs["position_ids"] = positions + self.capabilities.position_offset
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
 
