@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -10,9 +11,11 @@ from torch import Tensor
 from .influence import Influence
 
 
-def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path, title: str) -> Path:
+def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path, title: str, failed: bool = False) -> Path:
     """Write a PNG: left, the expected mask; right, the measured influence (log scale)
-    with leaks (influence where the mask forbids it) marked by red crosses."""
+    with leaks (influence where the mask forbids it) marked by red crosses, the threshold
+    marked on the colour bar, padded output rows labelled. ``failed``: the suite failed,
+    so a picture without leaks says the failure does not show in this one row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,8 +40,21 @@ def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path
         axis.set_ylabel("output position")
         axis.set_xticks(range(length_in))
         axis.set_yticks(range(length_out))
-    figure.colorbar(image, ax=right, shrink=0.8)
-    figure.suptitle(title)
+    bar = figure.colorbar(image, ax=right, shrink=0.8)
+    if 0 < influence.threshold < math.inf:
+        bar.ax.axhline(math.log10(influence.threshold), color="red", linewidth=2)
+        bar.ax.text(1.6, math.log10(influence.threshold), "threshold", color="red", va="center", fontsize=8, transform=bar.ax.get_yaxis_transform())
+    padded = [i for i in range(length_out) if not bool(influence.outputs[i])]
+    if padded:  # rows that are not compared: padded outputs
+        for axis in (left, right):
+            axis.set_yticklabels([f"{i} pad" if i in padded else str(i) for i in range(length_out)])
+    caption = ""
+    if not math.isfinite(influence.threshold) or bool(torch.isnan(influence.diff[influence.outputs]).any()):
+        caption = "the model's output is NaN or inf: no influence can be measured (the failing check says where)"
+        right.text(0.5, 0.5, "NaN", color="red", fontsize=40, ha="center", va="center", transform=right.transAxes)
+    elif failed and not leaks:
+        caption = "no leak shows in this single unpadded row: the failure depends on the batch (padding, other rows); see the failing check"
+    figure.suptitle(f"{title}\n{caption}" if caption else title)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

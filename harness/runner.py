@@ -215,7 +215,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         result.reproduction = _bundle(suite, adapter, context, failures)
     if result.status in ("pass", "warn", "fail") and context.report_dir is not None and hasattr(suite, "effective_mask"):
         # A passing audit of a third-party checkpoint gets its pictures too: something to look at.
-        result.picture = _draw(suite, adapter, context)
+        result.picture = _draw(suite, adapter, context, failed=result.status == "fail")
     result.seconds = time.perf_counter() - started
     return result
 
@@ -231,15 +231,15 @@ def _bundle(suite: Any, adapter: Adapter, context: RunContext, failures: list[Fa
         return None
 
 
-def _draw(suite: Any, adapter: Adapter, context: RunContext) -> str | None:
-    """The effective-mask PNG of a failing mask suite; a drawing problem never fails the audit."""
+def _draw(suite: Any, adapter: Adapter, context: RunContext, failed: bool) -> str | None:
+    """The effective-mask PNG of a mask suite; a drawing problem never fails the audit."""
     from .picture import draw_effective_mask
 
     try:
         influence, expected = suite.effective_mask(adapter, context)
         assert context.report_dir is not None
         path = context.report_dir / f"{suite.name}-effective-mask.png"
-        return str(draw_effective_mask(influence, expected, path, f"{adapter.spec}: {suite.name}"))
+        return str(draw_effective_mask(influence, expected, path, f"{adapter.spec}: {suite.name}", failed))
     except Exception:  # pragma: no cover - reported as a missing picture, not an error
         return None
 

@@ -181,3 +181,28 @@ def test_report_directory_gets_the_picture_of_every_mask_suite_that_ran(tmp_path
 
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["suites"][0]["picture"].endswith("padding-effective-mask.png")
+
+
+def test_pictures_of_a_nan_model_and_of_a_batch_dependent_failure_say_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An all-NaN model gets a picture that says NaN (not a blank panel); a failing suite whose
+    leak does not show in one unpadded row gets a caption saying so (not a clean matrix beside a FAIL)."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from maskcheck.harness.influence import Influence
+    from maskcheck.harness.picture import draw_effective_mask
+
+    captions = []
+    original = plt.Figure.suptitle
+    plt.Figure.suptitle = lambda self, text, **kw: captions.append(text) or original(self, text, **kw)  # type: ignore[method-assign]
+    try:
+        expected = torch.ones(3, 3, dtype=torch.bool).tril()
+        clean = Influence(torch.zeros(3, 3, dtype=torch.float64), 0.0, 1e-6, torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+        nan = Influence(torch.full((3, 3), float("nan"), dtype=torch.float64), float("nan"), float("inf"), torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+        draw_effective_mask(nan, expected, tmp_path / "nan.png", "nan model", failed=True)
+        draw_effective_mask(clean, expected, tmp_path / "batch.png", "batch-dependent", failed=True)
+        draw_effective_mask(clean, expected, tmp_path / "pass.png", "passing")
+    finally:
+        plt.Figure.suptitle = original  # type: ignore[method-assign]
+    assert "NaN or inf" in captions[0] and "depends on the batch" in captions[1] and captions[2] == "passing"
+    assert all((tmp_path / name).stat().st_size > 1000 for name in ("nan.png", "batch.png", "pass.png"))
