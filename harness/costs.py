@@ -264,8 +264,14 @@ def draw(result: CostProfile, path: Path) -> Path:
 
 
 def _log_axes(axes: Any, ylabel: str) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
+    for axis in (axes.xaxis, axes.yaxis):  # 128, 256 ... rather than 2^7, 2^8
+        formatter = ScalarFormatter()
+        formatter.set_scientific(False)
+        axis.set_major_formatter(formatter)
     axes.set_xlabel("context length (tokens)")
     axes.set_ylabel(ylabel)
     axes.legend(fontsize=8)

@@ -110,7 +110,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     for probe in report.get("probes", []):
         lines += [f"## Probe: {probe['name']}", "", "| measure | value |", "|---|---|"]
-        lines += [f"| {key} | {value} |" for key, value in probe["summary"].items() if not isinstance(value, (dict, list))]
+        lines += [f"| {key} | {f'{value:.3g}' if isinstance(value, float) else value} |" for key, value in probe["summary"].items() if not isinstance(value, (dict, list))]
         if probe.get("picture"):
             lines += ["", f"![{probe['name']}]({os.path.basename(probe['picture'])})"]
         lines.append("")

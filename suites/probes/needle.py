@@ -91,16 +91,22 @@ def draw_heatmap(result: ProbeResult, path: Path) -> Path:
 
     lengths, depths = result.summary["lengths"], result.summary["depths"]
     values = np.array([[result.grid[f"{length}/{depth:g}"]["accuracy"] for length in lengths] for depth in depths])
-    figure, axes = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 0.9 + 0.35 * len(depths)))
+    figure, axes = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * len(lengths)), 0.9 + 0.35 * len(depths)))
     image = axes.imshow(values, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    samples = result.summary["samples"]
     for (y, x), value in np.ndenumerate(values):
-        axes.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        # Dark text on the light middle of the colour map, white on its dark ends: readable on every cell.
+        colour = "black" if 0.2 < value < 0.85 else "white"
+        axes.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
     labels = [f"{length}{'*' if str(length) in result.summary['flags'] else ''}" for length in lengths]
     axes.set_xticks(range(len(lengths)), labels)
     axes.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
     axes.set_xlabel("context length (tokens; * beyond trained/declared length)")
     axes.set_ylabel("needle depth")
-    axes.set_title(f"needle retrieval: {result.model}\neffective length {result.summary['effective_length']}, reach {result.summary['reach']}", fontsize=9)
+    axes.set_title(
+        f"needle retrieval: {result.model}\neffective length {result.summary['effective_length']}, reach {result.summary['reach']}; {samples} prompts per cell",
+        fontsize=9,
+    )
     figure.colorbar(image, ax=axes, label="accuracy (greedy answer = value)")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
