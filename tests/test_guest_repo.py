@@ -8,21 +8,9 @@ their own packages, and maskcheck's generated tests still run.
 from __future__ import annotations
 
 import pytest
+from test_plugin import MODELS
 
 pytest_plugins = ["pytester"]
-
-HOST_MODELS = '''
-def good():
-    import torch
-    from maskcheck.reference_models import PRESETS, Transformer
-    torch.manual_seed(0)
-    return Transformer(PRESETS["tiny-decoder"])
-
-
-def buggy():
-    from maskcheck.reference_models.mutants import build
-    return build("causal_sees_next_token")
-'''
 
 HOST_TESTS = '''
 import harness, suites, reference_models
@@ -39,7 +27,7 @@ maskcheck_models = """
 module:models:good
 module:models:buggy
 """
-maskcheck_suites = "causal"
+maskcheck_suites = "padding"
 maskcheck_profile = "dev"
 '''
 
@@ -54,7 +42,7 @@ assert OWNER == "host"
 def test_host_packages_named_like_ours_keep_working(pytester: pytest.Pytester, with_conftest: bool) -> None:
     for package in ("harness", "suites", "reference_models"):
         pytester.mkpydir(package).joinpath("__init__.py").write_text('OWNER = "host"\n')
-    pytester.makepyfile(models=HOST_MODELS, test_host=HOST_TESTS)
+    pytester.makepyfile(models=MODELS, test_host=HOST_TESTS)  # a good decoder and one that ignores its padding mask
     pytester.makefile(".toml", pyproject=HOST_PYPROJECT)
     if with_conftest:
         pytester.makeconftest(HOST_CONFTEST)
@@ -63,8 +51,8 @@ def test_host_packages_named_like_ours_keep_working(pytester: pytest.Pytester, w
     assert "Error while loading plugin" not in out + result.stderr.str()
     assert result.parseoutcomes() == {"passed": 2, "failed": 1}, out[-3000:]
     assert "PASSED test_host.py::test_host_packages_are_the_hosts_own" in out
-    assert "PASSED maskcheck::test_maskcheck[causal-module:models:good]" in out
-    assert "FAILED maskcheck::test_maskcheck[causal-module:models:buggy]" in out
+    assert "PASSED maskcheck::test_maskcheck[padding-module:models:good]" in out
+    assert "FAILED maskcheck::test_maskcheck[padding-module:models:buggy]" in out
 
 
 def test_our_packages_refuse_their_bare_names(pytester: pytest.Pytester) -> None:
