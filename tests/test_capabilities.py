@@ -172,3 +172,17 @@ def test_a_window_the_mask_builder_drops_fails_per_layer() -> None:
     assert checks["declared_pattern"].status == "pass"
     assert checks["layer_windows"].status == "fail"
     assert "layer 0 (sliding window W=512) reads keys up to 519 positions back" in checks["layer_windows"].message
+
+
+def test_a_window_no_layer_uses_declares_no_per_layer_check() -> None:
+    """A config with a sliding_window value but only full-attention layers (Mellum) has no
+    window to verify: no layer_windows check, no error."""
+    from types import SimpleNamespace
+
+    from maskcheck.harness.adapters.hf import declared_layer_windows
+
+    config = windowed("MistralConfig", "sdpa", sliding_window=8, max_position_embeddings=64).config
+    assert declared_layer_windows(config) == [8, 8]
+    config.layer_types = ["full_attention", "full_attention"]
+    assert declared_layer_windows(config) is None
+    assert declared_layer_windows(SimpleNamespace(sliding_window=None)) is None

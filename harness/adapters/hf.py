@@ -213,7 +213,7 @@ def declared_layer_windows(config: Any) -> list[int | None] | None:
     layers = getattr(text, "num_hidden_layers", None)
     types = getattr(text, "layer_types", None) or ["sliding_attention"] * (layers or 0)
     kinds = {"sliding_attention": window, "full_attention": None}
-    if not types or any(kind not in kinds for kind in types):
+    if not types or any(kind not in kinds for kind in types) or "sliding_attention" not in types:
         return None
     return [kinds[kind] for kind in types]
 
