@@ -12,7 +12,7 @@ and transformers, so the finding stands without maskcheck:
 | causal | logits before position 4 when the token at position 5 changes |
 | padding | real logits when the ids in left-padded slots change (mask given) |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
-| kv_cache | the last logits of a 6-token forward vs 5 tokens prefilled, then 1 decoded with the cache |
+| kv_cache | the last two logits of a 6-token forward vs 4 tokens prefilled, then a chunk of 2 with the cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored |
 """
 
@@ -90,9 +90,9 @@ def packing(model: torch.nn.Module) -> float:
 def kv_cache(model: torch.nn.Module) -> float:
     row = ids(model, 6)
     with torch.no_grad():
-        full = model(input_ids=row, use_cache=False).logits[:, -1]
-        prefill = model(input_ids=row[:, :5], use_cache=True)
-        step = model(input_ids=row[:, 5:], past_key_values=prefill.past_key_values, use_cache=True).logits[:, -1]
+        full = model(input_ids=row, use_cache=False).logits[:, -2:]
+        prefill = model(input_ids=row[:, :4], use_cache=True)
+        step = model(input_ids=row[:, 4:], past_key_values=prefill.past_key_values, use_cache=True).logits
     return float((F.log_softmax(full.double(), -1) - F.log_softmax(step.double(), -1)).abs().max())
 
 

@@ -3,10 +3,14 @@ installed transformers, audited in-process, against the verdicts docs/architectu
 
 from __future__ import annotations
 
-from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.reference_models.hf_tiny import shrunk_model
+import json
+from pathlib import Path
+
+import pytest
 
 from maskcheck import audit
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.reference_models.hf_tiny import shrunk_model
 
 
 def test_a_documented_label_convention_is_a_warn_with_its_reason_and_can_be_turned_off() -> None:
@@ -32,3 +36,44 @@ def test_a_model_that_ignores_its_mask_is_not_excused_by_positions() -> None:
     for name in ("padded_vs_unpadded", "extra_padding"):
         assert checks[name].status == "fail" and "the padding mask is not applied" in checks[name].message
         assert "not a mask leak" not in checks[name].message
+
+
+# -- the CI subset of the sweep: one process per xdist worker, no subprocess per type ------------
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "architectures.jsonl"
+#: every family: absolute, rotary, ALiBi positions; sliding and mixed windows; MoE;
+#: state-space and hybrid; encoders and encoder-decoder decoders behind a causal-LM head
+SUBSET = [
+    ("gpt2", "causal-lm"), ("llama", "causal-lm"), ("mistral", "causal-lm"), ("qwen2", "causal-lm"),
+    ("gemma2", "causal-lm"), ("gemma3_text", "causal-lm"), ("cohere2", "causal-lm"), ("starcoder2", "causal-lm"),
+    ("mixtral", "causal-lm"), ("qwen2_moe", "causal-lm"), ("olmoe", "causal-lm"), ("mpt", "causal-lm"),
+    ("bloom", "causal-lm"), ("falcon", "causal-lm"), ("gpt_neox", "causal-lm"), ("opt", "causal-lm"),
+    ("phi", "causal-lm"), ("mamba", "causal-lm"), ("jamba", "causal-lm"), ("rwkv", "causal-lm"),
+    ("bert", "causal-lm"), ("roberta", "causal-lm"), ("bart", "causal-lm"), ("xglm", "causal-lm"),
+    ("biogpt", "causal-lm"),
+]
+
+
+def recorded(model_type: str, task: str) -> dict:
+    records = [json.loads(line) for line in RESULTS.read_text().splitlines()]
+    matches = [r for r in records if (r["type"], r["task"], r["implementation"]) == (model_type, task, "default")]
+    assert matches, f"{model_type} ({task}) is not in {RESULTS.name}: run scripts/architecture_sweep.py --types {model_type}"
+    return matches[-1]
+
+
+@pytest.mark.parametrize("model_type, task", SUBSET)
+def test_the_sweep_verdicts_hold_in_ci(model_type: str, task: str) -> None:
+    import transformers
+
+    record = recorded(model_type, task)
+    assert record["transformers"] == transformers.__version__, (
+        f"{RESULTS.name} was recorded with transformers {record['transformers']}, the tests run {transformers.__version__}: "
+        "the set-up pins the version the table was made with"
+    )
+    assert record.get("built"), record.get("error")
+    model = shrunk_model(model_type, task, level=record.get("shrink", "full"))
+    result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), profile="ci")
+    verdicts = {suite.name: suite.status for suite in result.suites}
+    assert verdicts == {name: data["status"] for name, data in record["suites"].items()}, {
+        s.name: s.worst_check().message[:200] for s in result.suites if s.status != record["suites"][s.name]["status"]
+    }
