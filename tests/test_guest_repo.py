@@ -8,7 +8,7 @@ their own packages, and maskcheck's generated tests still run.
 from __future__ import annotations
 
 import pytest
-from test_plugin import MODELS
+from test_plugin import MODELS, PYPROJECT
 
 pytest_plugins = ["pytester"]
 
@@ -20,16 +20,7 @@ def test_host_packages_are_the_hosts_own():
     assert (harness.OWNER, suites.OWNER, reference_models.OWNER) == ("host", "host", "host")
 '''
 
-HOST_PYPROJECT = '''
-[tool.pytest.ini_options]
-addopts = "-p no:cacheprovider"
-maskcheck_models = """
-module:models:good
-module:models:buggy
-"""
-maskcheck_suites = "padding"
-maskcheck_profile = "dev"
-'''
+HOST_PYPROJECT = PYPROJECT.replace('"causal,padding"', '"padding"')
 
 HOST_CONFTEST = '''
 from harness import OWNER  # the host's conftest imports its own harness package first
