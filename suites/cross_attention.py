@@ -60,7 +60,7 @@ class CrossAttentionSuite(Suite):
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if capabilities.family != "encoder_decoder":
-            return f"a {capabilities.family} model has no cross-attention"
+            return f"{'an' if capabilities.family == 'encoder' else 'a'} {capabilities.family} model has no cross-attention"
         if not capabilities.takes_attention_mask:
             return "the model takes no source attention mask"
         return None
