@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -146,6 +147,35 @@ def check_logits(logits: Any, batch: int, length: int, vocab_size: int, what: st
     if tuple(logits.shape) != expected:
         raise AdapterError(f"the model returned {what} of shape {list(logits.shape)}, expected [B, T, V] = {list(expected)}")
     return logits
+
+
+@dataclass(frozen=True)
+class ForwardKeywords:
+    """The keywords a model's forward accepts, read from its class (a plain callable: itself).
+
+    An instance's ``forward`` is often a wrapper (a monkeypatch, a training framework's
+    hook) whose ``*args, **kwargs`` hide the real signature; the class's forward is what
+    runs underneath. A ``**kwargs`` in the class's own forward accepts anything.
+    """
+
+    names: frozenset[str]
+    takes_any: bool
+
+    @classmethod
+    def of(cls, model: Any) -> "ForwardKeywords":
+        forward = type(model).forward if isinstance(model, torch.nn.Module) else model
+        try:
+            parameters = inspect.signature(forward).parameters
+        except (TypeError, ValueError):  # no signature to read: assume every keyword, and let the suites measure
+            return cls(frozenset(), True)
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        return cls(frozenset(parameters), takes_any)
+
+    def named(self, name: str) -> bool:
+        return name in self.names
+
+    def accepts(self, name: str) -> bool:
+        return name in self.names or self.takes_any
 
 
 class Adapter(abc.ABC):

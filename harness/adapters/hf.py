@@ -9,7 +9,6 @@ and uses whichever the installed version has.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from .base import (
     AdapterError,
     Batch,
     Capabilities,
+    ForwardKeywords,
     PackingSetting,
     PickleRefused,
     call_model,
@@ -239,35 +239,6 @@ def declared_attention(config: Any, family: str, every_layer: bool = True) -> tu
     if every_layer and layer_types and any(kind != "sliding_attention" for kind in layer_types):
         return "causal", None
     return "sliding_window", int(window)
-
-
-@dataclass(frozen=True)
-class ForwardKeywords:
-    """The keywords a model's forward accepts, read from its class.
-
-    An instance's ``forward`` is often a wrapper (a monkeypatch, a training framework's
-    hook) whose ``*args, **kwargs`` hide the real signature; the class's forward is what
-    runs underneath. A ``**kwargs`` in the class's own forward accepts anything.
-    """
-
-    names: frozenset[str]
-    takes_any: bool
-
-    @classmethod
-    def of(cls, model: Any) -> "ForwardKeywords":
-        forward = type(model).forward
-        try:
-            parameters = inspect.signature(forward).parameters
-        except (TypeError, ValueError):  # no signature to read: assume every keyword, and let the suites measure
-            return cls(frozenset(), True)
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        return cls(frozenset(parameters), takes_any)
-
-    def named(self, name: str) -> bool:
-        return name in self.names
-
-    def accepts(self, name: str) -> bool:
-        return name in self.names or self.takes_any
 
 
 def position_offset(model: Any, task: str, vocab_size: int) -> int:

@@ -31,14 +31,13 @@ can place left-padded rows; the cache is the module's own object, copied with
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 from torch import Tensor
 
-from .base import Adapter, Batch, Capabilities, call_model
+from .base import Adapter, Batch, Capabilities, ForwardKeywords, call_model
 
 MaskConvention = Literal["keep", "ignore"]
 CACHE_METHODS = ("prefill", "step")
@@ -48,16 +47,6 @@ CACHE_METHODS = ("prefill", "step")
 class ModuleState:
     cache: Any  # the module's own cache object
     mask: Tensor  # [B, T_so_far], 1 = real token
-
-
-def _keywords(function: Any) -> tuple[set[str], bool]:
-    """The keyword names ``function`` takes, and whether it takes ``**kwargs`` (True, True when unreadable)."""
-    target = type(function).forward if isinstance(function, torch.nn.Module) else function
-    try:
-        parameters = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return set(), True
-    return set(parameters), any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 class ModuleAdapter(Adapter):
@@ -77,7 +66,7 @@ class ModuleAdapter(Adapter):
         missing = [name for name in CACHE_METHODS if not callable(getattr(model, name, None))]
         if capabilities.has_cache and missing:
             raise ValueError(f"has_cache=True needs the module's cache methods {', '.join(missing)}(...): see maskcheck.harness.adapters.module")
-        names, takes_any = _keywords(model)
+        keywords = ForwardKeywords.of(model)
         needed = {"takes_position_ids": "position_ids", "packing=position_ids": "position_ids", "packing=segment_ids": "segment_ids"}
         declared = {
             "takes_position_ids": capabilities.takes_position_ids,
@@ -85,7 +74,7 @@ class ModuleAdapter(Adapter):
             "packing=segment_ids": capabilities.packing == "segment_ids",
         }
         for what, keyword in needed.items():
-            if declared[what] and keyword not in names and not takes_any:
+            if declared[what] and not keywords.accepts(keyword):
                 raise ValueError(f"the capabilities declare {what}, but the model's forward takes no {keyword!r} keyword to pass it in")
         super().__init__(model, capabilities)
         self.mask_convention = mask_convention
