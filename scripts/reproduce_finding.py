@@ -12,7 +12,7 @@ and transformers, so the finding stands without maskcheck:
 | causal | logits before position 4 when the token at position 5 changes |
 | padding | real logits when the ids in left-padded slots change (mask given) |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
-| kv_cache | the last two logits of a 6-token forward vs 4 tokens prefilled, then a chunk of 2 with the cache |
+| kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored |
 """
 
@@ -88,12 +88,49 @@ def packing(model: torch.nn.Module) -> float:
 
 
 def kv_cache(model: torch.nn.Module) -> float:
-    row = ids(model, 6)
+    """generate()'s own cached greedy decoding of a left-padded batch (prompts of 4 and 2
+    tokens) against one forward per row, alone and unpadded, over its prompt and the tokens
+    generated for it; then, for decoders, a chunk of 2 tokens fed after a cache through the
+    model's own generation methods, as assisted decoding feeds its candidates. Prints both;
+    returns the larger."""
+    from transformers import GenerationConfig
+    from transformers.generation.utils import GenerationMode
+
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
+    rows = torch.cat([prompts[0], torch.cat([torch.full((1, 2), pad), prompts[1]], 1)])  # [2, 4], row 1 left-padded
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    encoder_decoder = model.config.is_encoder_decoder
+    sources = [ids(model, 5, seed=3), ids(model, 5, seed=4)]
+    prompt = {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask} if encoder_decoder else {"input_ids": rows, "attention_mask": mask}
+    if encoder_decoder:  # a shrunk config may name no start token; generate() then refuses to run
+        prompt["decoder_start_token_id"] = getattr(model.config, "decoder_start_token_id", None) or pad
     with torch.no_grad():
-        full = model(input_ids=row, use_cache=False).logits[:, -2:]
-        prefill = model(input_ids=row[:, :4], use_cache=True)
-        step = model(input_ids=row[:, 4:], past_key_values=prefill.past_key_values, use_cache=True).logits
-    return float((F.log_softmax(full.double(), -1) - F.log_softmax(step.double(), -1)).abs().max())
+        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
+    generated = F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)  # [2, 4, V]
+    new = out.sequences[:, -4:]  # [2, 4]
+    started = out.sequences.shape[1] - 8  # generate() may put a decoder start token first
+    by_generate = 0.0
+    for i, own in enumerate(prompts):
+        fed = torch.cat([out.sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
+        inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if encoder_decoder else {"input_ids": fed}
+        alone = log_probs(model, **inputs)[0, -4:]  # [4, V]: the positions generate() chose from
+        by_generate = max(by_generate, float((alone - generated[i]).abs().max()))
+    print(f"generate() on a left-padded batch, one token a step: max |d log p| = {by_generate:.3g}")
+    if encoder_decoder:
+        return by_generate
+    row = torch.cat([prompts[0], new[:1, :2]], dim=1)  # [1, 6]
+    with torch.no_grad():
+        kwargs = {"use_cache": True, "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+        if takes(model, "position_ids"):
+            kwargs["position_ids"] = torch.arange(4)[None]
+        model._prepare_cache_for_generation(GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, 1, 16)
+        prefill = model(**model.prepare_inputs_for_generation(row[:, :4], is_first_iteration=True, **kwargs), return_dict=True)
+        kwargs = model._update_model_kwargs_for_generation(prefill, kwargs, num_new_tokens=2)
+        step = model(**model.prepare_inputs_for_generation(row, next_sequence_length=2, **kwargs), return_dict=True).logits
+    by_chunk = float((log_probs(model, input_ids=row)[:, 4:] - F.log_softmax(step.double(), -1)).abs().max())
+    print(f"a chunk of 2 tokens after a cache of 4: max |d log p| = {by_chunk:.3g}")
+    return max(by_generate, by_chunk)
 
 
 def loss_masking(model: torch.nn.Module) -> float:

@@ -140,7 +140,7 @@ class KVCacheSuite(Suite):
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_cache:
-            return "the model declares no KV cache"
+            return capabilities.no_cache_reason or "the model declares no KV cache"
         if not capabilities.takes_attention_mask:
             return "the model takes no attention mask, so a left-padded batch cannot be decoded"
         return None

@@ -40,6 +40,7 @@ class Capabilities:
     derives_positions_from_mask: bool = False
     packing: Packing | None = None
     has_cache: bool = False
+    no_cache_reason: str | None = None  # measured: why a model that could decode has no cache to check
     has_loss: bool = False
     pad_token_id: int | None = None
     max_length: int | None = None
@@ -227,7 +228,7 @@ class Adapter(abc.ABC):
     def prefill(self, batch: Batch) -> tuple[Tensor, Any]:
         """Run the prompt; return its logits ``[B, T, V]`` and a state to continue from."""
         if not self.capabilities.has_cache:
-            raise NotImplementedError(f"{self.spec} declares no cache")
+            raise NotImplementedError(f"{self.spec} has no cache: {self.capabilities.no_cache_reason or 'none declared'}")
         self._check_eval()
         with torch.inference_mode():
             logits, state = self._prefill(batch)

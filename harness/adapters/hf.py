@@ -1,8 +1,11 @@
 """Adapter for Hugging Face ``transformers`` models: causal LM, masked LM and seq2seq.
 
 Loads only safetensors and never sets ``trust_remote_code`` unless the caller asks.
-The cache keyword of ``forward`` changed name within transformers 5.x
-(``past_key_values`` became ``cache``); the adapter reads the forward signature once
+Cached decoding goes through the model's own generation methods (see
+:mod:`.generation`). A model without them (an object that only looks like a transformers
+model, or a transformers version whose generation loop still passes ``cache_position``)
+is stepped by hand: the cache keyword of ``forward`` changed name within transformers 5.x
+(``past_key_values`` became ``cache``), so the adapter reads the forward signature once
 and uses whichever the installed version has.
 """
 
@@ -30,6 +33,7 @@ from .base import (
     load_tensors_only,
     positions_from_mask,
 )
+from .generation import GenerationPath, GenerationState, drives_generation
 
 Task = Literal["causal-lm", "masked-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
@@ -288,6 +292,18 @@ class HFAdapter(Adapter):
         keywords = ForwardKeywords.of(model)
         self.cache_keyword = "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
         vocab_size = _output_vocab(model)
+        offset = position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0
+        #: the model's own generation methods, when it has them; None: steps built by hand
+        self.generation: GenerationPath | None = None
+        no_cache_reason = "an encoder (masked LM) does not decode token by token" if family == "encoder" else None
+        if family != "encoder" and drives_generation(model):
+            if not model.can_generate():
+                no_cache_reason = "the model cannot generate() (can_generate() is False)"
+            else:
+                self.generation = GenerationPath(model, family == "encoder_decoder", keywords.named("position_ids"), offset)
+                no_cache_reason = self.generation.feeds_only_new_tokens(vocab_size)
+        elif family != "encoder" and self.cache_keyword is None:
+            no_cache_reason = "the model's forward takes no cache (neither `cache` nor `past_key_values`)"
         attention, window = declared_attention(config, family)
         parameter = next(model.parameters())
         device = str(parameter.device)
@@ -304,11 +320,12 @@ class HFAdapter(Adapter):
             takes_attention_mask=keywords.accepts("attention_mask"),
             takes_position_ids=keywords.named("position_ids"),
             derives_positions_from_mask=False,
-            position_offset=position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0,
+            position_offset=offset,
             # The padding-free path transformers documents (position ids restarting per sequence,
             # no attention mask) builds a block-diagonal mask for causal masks only.
             packing="position_ids" if family == "decoder" and keywords.named("position_ids") else None,
-            has_cache=family != "encoder" and self.cache_keyword is not None,
+            has_cache=family != "encoder" and no_cache_reason is None,
+            no_cache_reason=no_cache_reason,
             has_loss=keywords.accepts("labels") and returns_loss(model, chosen, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
             max_length=getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None),
@@ -414,10 +431,14 @@ class HFAdapter(Adapter):
                 return value
         raise AdapterError("the model returned no cache although use_cache=True")
 
-    def _prefill(self, batch: Batch) -> tuple[Tensor, HFState]:
+    def _prefill(self, batch: Batch) -> tuple[Tensor, HFState | GenerationState]:
         mask = batch.predicted_mask
         if mask is None:
             mask = torch.ones_like(batch.predicted_ids)
+        if self.generation is not None:
+            if self.task == "seq2seq":
+                return self.generation.prefill(batch.predicted_ids, mask, batch.input_ids, batch.attention_mask)
+            return self.generation.prefill(batch.input_ids, mask, positions=batch.position_ids)
         inputs = self._inputs(batch)
         inputs["use_cache"] = True
         if self.task == "seq2seq":
@@ -436,7 +457,10 @@ class HFAdapter(Adapter):
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), mask, mask.long().sum(-1))
 
-    def _step(self, state: HFState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, HFState]:
+    def _step(self, state: HFState | GenerationState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, HFState | GenerationState]:
+        if isinstance(state, GenerationState):
+            assert self.generation is not None
+            return self.generation.step(state, tokens, attention_mask)
         full_mask, positions, next_position = extend(state.mask, state.next_position, attention_mask, tokens.shape[1])
         inputs: dict[str, Any] = {self.cache_keyword: state.cache, "use_cache": True}  # type: ignore[dict-item]
         if self.task == "seq2seq":
@@ -453,8 +477,12 @@ class HFAdapter(Adapter):
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
 
-    def fork(self, state: HFState) -> HFState:
-        # Cache objects are mutated in place by forward, so a branch needs its own copy.
+    def fork(self, state: HFState | GenerationState) -> HFState | GenerationState:
+        # Cache objects are mutated in place by forward, so a branch needs its own copy. (A
+        # stateful model, such as RecurrentGemma, also keeps state in its modules: no copy of
+        # ours reaches that, and no suite forks.)
+        if isinstance(state, GenerationState):
+            return GenerationState(copy.deepcopy(state.kwargs), state.ids, copy.deepcopy(state.output))
         return HFState(copy.deepcopy(state.cache), state.mask, state.next_position, state.encoder_outputs, state.source_mask)
 
 
