@@ -95,9 +95,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         largest = max((c for c in checks if c.max_diff is not None and c.threshold), key=diff_ratio, default=None)
         reason = "" if check is None or suite["status"] == "pass" else one_line(check.message, 160)
         lines.append(f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |")
-        details += [(suite, c) for c in checks if c.status not in ("pass", "not_applicable")]
+        details += [(suite, c) for c in checks if c.status not in ("pass", "not_applicable") or getattr(c, "table", None)]
     if details:
-        lines += ["", "## Checks that did not pass", ""]
+        lines += ["", "## Checks that did not pass, and evidence tables", ""]
     for suite, check in details:
         lines += [f"### {suite['name']} / {check.name}: {STATUS_MARK[check.status]}", "", check.message, ""]
         if check.max_diff is not None and check.threshold:
@@ -107,6 +107,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines += [f"- positions [{getattr(check, 'positions_label', 'row, position')}]: {check.positions[:16]}{more}"]
         if check.case:
             lines += [f"- case: `{check.case}`"]
+        if getattr(check, "table", None):
+            columns = list(check.table[0])
+            lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(str(row.get(column, "")) for column in columns) + " |" for row in check.table]
         lines.append("")
     for probe in report.get("probes", []):
         lines += [f"## Probe: {probe['name']}", "", "| measure | value |", "|---|---|"]

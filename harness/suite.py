@@ -56,6 +56,7 @@ class Outcome:
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)  # extra data for pictures and reproduction
     positions_label: str = "row, position"  # what each pair in ``positions`` counts
+    table: list[dict[str, Any]] = field(default_factory=list)  # rows a report shows as a table (the variants a layout was scored under)
 
     @property
     def ratio(self) -> float:
@@ -253,7 +254,7 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     else:
         message = f"{evaluated} cases; " + (o.message or f"worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}")
     case = case_to_dict(worst_seen["case"])
-    return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case, positions_label=o.positions_label), evaluated, None
+    return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case, positions_label=o.positions_label, table=o.table), evaluated, None
 
 
 def _memo_key(case: Any) -> Any:
@@ -271,4 +272,4 @@ def _failed(check: Check, failure: CaseFailed) -> CheckResult:
     blob = next((note.strip() for note in getattr(failure, "__notes__", []) if "@reproduce_failure" in note), None)
     if blob:
         o.detail["hypothesis_blob"] = blob
-    return CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case), blob, o.positions_label)
+    return CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case), blob, o.positions_label, o.table)

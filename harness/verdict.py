@@ -29,6 +29,7 @@ class CheckResult:
     case: dict[str, Any] | None = None  # the (shrunk) case that showed it
     hypothesis_blob: str | None = None  # Hypothesis's @reproduce_failure line (ci/thorough); not stable across versions
     positions_label: str = "row, position"  # "output, input" for an influence pattern
+    table: list[dict[str, Any]] = field(default_factory=list)  # rows the report shows as a table
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

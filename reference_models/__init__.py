@@ -20,12 +20,13 @@ from .checkpoint import (
 from .config import PRESETS, ModelConfig, preset
 from .memory import MemoryEstimate, estimate_memory, parameter_count
 from .model import IGNORE_INDEX, KVCache, ModelOutput, Transformer
-from .shipped import SHIPPED
+from .shipped import SHIPPED, SHIPPED_HF
 
 __all__ = [
     "IGNORE_INDEX",
     "PRESETS",
     "SHIPPED",
+    "SHIPPED_HF",
     "CheckpointError",
     "KVCache",
     "MemoryEstimate",

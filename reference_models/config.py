@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Family = Literal["encoder", "decoder", "encoder_decoder"]
 NormLayout = Literal["pre", "post"]
@@ -19,6 +19,14 @@ POSITION_SCHEMES = ("sinusoidal", "learned", "rotary", "alibi")
 # Fields that change the computation a set of weights is meant for, without changing
 # any parameter name or shape. A checkpoint records them, and loading under other
 # values is refused: this is the pre/post-norm checkpoint mismatch the mission names.
+#: the values each layout field can take: norm_checkpoint's behaviour evidence tries every one the weights fit
+LAYOUT_VALUES: dict[str, tuple[Any, ...]] = {
+    "norm_layout": ("pre", "post"),
+    "final_norm": (True, False),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_unit_offset": (False, True),
+    "position": ("rotary", "alibi", "sinusoidal", "learned"),
+}
 ARCHITECTURE_FIELDS = (
     "family",
     "norm_layout",

@@ -127,6 +127,9 @@ COUNT_KEYS = frozenset(
     k for k in SHRUNK_SIZES if k == "vocab_size" or "layers" in k or k.endswith("_layer") or "experts" in k or k in ("moe_topk", "top_k")
 )
 SHRINK_LEVELS = ("full", "counts")
+#: the suites the architecture sweep audits: norm_checkpoint's evidence is about trained
+#: weights and a checkpoint's config, and the sweep's models are random-init from configs
+SWEEP_SUITES = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache")
 SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
 #: per-type overrides where the generic shrink does not give a buildable config
 SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -198,3 +201,4 @@ def shrunk_model(model_type: str, task: str, attn_implementation: str | None = N
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return auto.from_config(shrunk_config(model_type, level), **kwargs).eval()
+

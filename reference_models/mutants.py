@@ -320,6 +320,23 @@ def _mistral(window_dropped: bool) -> Any:
     return cls(config).eval()
 
 
+def _shipped_hf(name: str, as_type: str | None = None) -> Any:
+    """A shipped Hugging Face checkpoint; with ``as_type``, its weights under that type's class
+    (the layout mismatch a hand-written config makes)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..harness.adapters.hf_variants import under_class
+    from .shipped import SHIPPED_HF
+
+    model = AutoModelForCausalLM.from_pretrained(str(SHIPPED_HF[name]), use_safetensors=True)
+    if as_type is None:
+        return model.eval()
+    mismatched = under_class(model, as_type)
+    if mismatched is None:  # pragma: no cover - the shipped checkpoints fit both classes
+        raise RuntimeError(f"{name}'s weights do not fit the {as_type} class")
+    return mismatched
+
+
 DECODER = ModelConfig()
 LEARNED = ModelConfig(position="learned")
 ENCODER = ModelConfig(family="encoder", position="learned")
@@ -387,6 +404,14 @@ MUTANTS: dict[str, Mutant] = {
         ),
         _hf("hf_llama_decode_step_reads_padding", "kv_cache", "greedy_generation", "Llama whose attention builds no mask for a one-token decoding step, so left-padded cache slots are read", "llama", _no_mask_for_one_query),
         _hf("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", "llama", _top_left_causal_on_cached_chunks),
+        Mutant(
+            "hf_gemma_weights_as_llama",
+            "norm_checkpoint",
+            "behaviour",
+            "trained Gemma weights run as Llama (same parameter names; RMSNorm w instead of 1 + w, no embedding scale, SiLU)",
+            lambda: _shipped_hf("hf-gemma", as_type="llama"),
+            lambda: _shipped_hf("hf-gemma"),
+        ),
     ]
 }
 

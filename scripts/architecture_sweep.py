@@ -40,6 +40,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     from maskcheck.harness.adapters.hf import HFAdapter
     from maskcheck.reference_models.hf_tiny import (
         SHRINK_LEVELS,
+        SWEEP_SUITES,
         shrunk_config,
         shrunk_model,
     )
@@ -63,7 +64,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     record.update(built=True, shrink=level, config=config.to_diff_dict())
     record["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     try:
-        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), profile=profile)
+        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), list(SWEEP_SUITES), profile=profile)
     except Exception as exc:  # noqa: BLE001
         record.update(error=f"{type(exc).__name__}: {first_line(exc)}", seconds=round(time.perf_counter() - started, 2))
         return record

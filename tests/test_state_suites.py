@@ -226,15 +226,15 @@ def test_untrained_weights_are_inconclusive(tmp_path: Path) -> None:
     assert norm_checks(f"ref:{path}", norm_unit_offset=False, norm="rmsnorm")["fingerprint"].status == "fail"
 
 
-def test_norm_checkpoint_does_not_apply_to_a_hugging_face_model_object() -> None:
-    """No checkpoint to compare with and no layout to rebuild: every piece of evidence says why
-    (a checkpoint directory gets the load evidence: tests/test_checkpoint_fit.py)."""
+def test_a_hugging_face_model_object_has_behaviour_evidence_only() -> None:
+    """No checkpoint to compare with: load, metadata and fingerprint say why; the weights are
+    still rebuilt under the variants they fit (random ones are inconclusive:
+    tests/test_hf_layout.py has trained ones)."""
     suite = audit(HFAdapter(tiny_model("llama")), ["norm_checkpoint"]).suite("norm_checkpoint")
-    assert suite.status == "not_applicable"
-    assert [c.message for c in suite.checks] == [
-        "the model was not loaded from a checkpoint directory",
-        "the adapter cannot rebuild the weights under another layout (reference models can)",
-    ]
+    checks = {c.name: c for c in suite.checks}
+    assert checks["load"].message == "the model was not loaded from a checkpoint directory"
+    assert checks["metadata"].status == checks["fingerprint"].status == "not_applicable"
+    assert checks["behaviour"].status == "warn" and checks["behaviour"].message.startswith("inconclusive")
 
 
 @pytest.mark.parametrize("field,value", [("final_norm", "false"), ("norm", "rmsnorm"), ("position", "alibi"), ("norm_layout", "post")])

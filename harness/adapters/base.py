@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -273,6 +274,11 @@ class Adapter(abc.ABC):
     def relayout(self, **changes: Any) -> "Adapter":
         """The same weights under another layout; raises :class:`LayoutUnavailable` when they do not fit it."""
         raise LayoutUnavailable(f"{type(self).__name__} cannot rebuild its model under another layout")
+
+    def layout_variants(self) -> Iterator[tuple[str, "Adapter"]]:
+        """The same weights under each other variant of the architecture they fit, built one at
+        a time and each named by what differs from :meth:`layout` (``field=value``)."""
+        return iter(())
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": type(self).__name__, "capabilities": self.capabilities.to_dict()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from . import hf_variants
 from .base import (
     Adapter,
     AdapterError,
@@ -366,6 +368,21 @@ class HFAdapter(Adapter):
         info = super().describe()
         info.update(task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation)
         return info
+
+    def layout(self) -> dict[str, Any] | None:
+        """The class and the layout-bearing config fields it runs with (causal LMs; None otherwise)."""
+        return hf_variants.layout(self.model) if self.task == "causal-lm" else None
+
+    def layout_variants(self) -> Iterator[tuple[str, Adapter]]:
+        """Sibling classes with the same parameter names, other rope bases, no final norm: see
+        :mod:`.hf_variants`. Each variant runs as this adapter does, on its own model."""
+        if self.task != "causal-lm":
+            return
+        for name, model in hf_variants.variants(self.model):
+            variant = copy.copy(self)
+            variant.model = model
+            variant.generation = None  # only logits are asked of a variant
+            yield name, variant
 
     def declared_layer_windows(self) -> list[int | None] | None:
         return declared_layer_windows(self.model.config) if self.task == "causal-lm" else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from ...reference_models import (
     read_fingerprint,
 )
 from ...reference_models.checkpoint import CONFIG_KEY, FINGERPRINT_KEY, read_metadata
-from ...reference_models.config import ARCHITECTURE_FIELDS
+from ...reference_models.config import ARCHITECTURE_FIELDS, LAYOUT_VALUES
 from ...reference_models.masks import positions_from_segments
 from .base import (
     Adapter,
@@ -94,6 +95,18 @@ class ReferenceAdapter(Adapter):
         relaid.checkpoint = self.checkpoint
         relaid.capabilities = dataclasses.replace(relaid.capabilities, trained_length=self.capabilities.trained_length)
         return relaid
+
+    def layout_variants(self) -> Iterator[tuple[str, Adapter]]:
+        """Every layout one field away from the declared one that the weights fit."""
+        declared = self.layout()
+        for field, values in LAYOUT_VALUES.items():
+            for value in values:
+                if declared[field] == value:
+                    continue
+                try:
+                    yield f"{field}={value}", self.relayout(**{field: value})
+                except LayoutUnavailable:
+                    continue
 
     def _positions(self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None) -> Tensor | None:
         if explicit is not None:
