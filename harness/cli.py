@@ -7,6 +7,7 @@ loading error, or nothing applicable; 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -33,12 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 clean (warnings allowed); 1 a check failed, errored or did not run; 2 usage or loading "
         "error, or no suite applied; 130 interrupted (the report keeps what finished).",
     )
-    audit.add_argument("spec", help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory")
+    audit.add_argument("spec", help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory; or a data collator: collator:pkg.mod:factory")
     audit.add_argument("--suites", help="comma-separated suites to run (default: every suite; inapplicable ones report n/a)")
     audit.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
     audit.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the model's own)")
     audit.add_argument("--attn-implementation", help="Hugging Face attention backend(s), comma-separated, e.g. eager,sdpa: one audit each")
-    audit.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq"], help="hf: override the task read from config.json")
+    audit.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq", "packed"], help="hf: override the task read from config.json; collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)")
     audit.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
     audit.add_argument("--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases")
     audit.add_argument("--profile", choices=["dev", "ci", "thorough"], help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)")
@@ -223,6 +224,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         return value if value is not None else config.get(key, default)
 
+    if args.spec.startswith("collator:"):
+        return _audit_collator(args, option)
     suites = _split(args.suites) if args.suites else config.get("suites")
     unknown = unknown_suites_message(suites or [], suite_names())
     if unknown:  # before the model loads, which can take minutes
@@ -311,6 +314,36 @@ def cmd_audit(args: argparse.Namespace) -> int:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
         print(f"JSON report: {args.json_path}")
     return worst_exit
+
+
+def _audit_collator(args: argparse.Namespace, option: Any) -> int:
+    """``maskcheck audit collator:pkg.mod:factory --task ...``: the collator checks, one table."""
+    from .collator_audit import CollatorError, audit_collator
+    from .report import render_markdown, render_table, write_atomically, write_json
+
+    started = time.perf_counter()
+    report_dir = option("report_dir", "report", None)
+    try:
+        result = audit_collator(
+            args.spec,
+            args.task or "causal-lm",
+            seed=option("seed", "seed", 0),
+            profile=option("profile", "profile", "dev"),
+            examples=option("examples", "examples", None),
+            bundle_dir=report_dir or DEFAULT_BUNDLE_DIR,
+        )
+    except CollatorError as exc:
+        print(f"maskcheck: error: {exc}", file=sys.stderr)
+        return 2
+    print(render_table(result, f"{result.model} [task={args.task or 'causal-lm'}]", time.perf_counter() - started, verbose=args.verbose))
+    if args.json_path:
+        write_json(Path(args.json_path), result.to_dict())
+        print(f"JSON report: {args.json_path}")
+    if report_dir:
+        write_json(Path(report_dir) / "report.json", result.to_dict())
+        write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
+        print(f"report: {report_dir}/report.json, {report_dir}/report.md")
+    return result.exit_code
 
 
 def _split(text: str) -> list[str]:
@@ -446,6 +479,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .specs import SpecError
 
     _quiet_transformers()
+    if _is_collator_bundle(args.bundle):
+        return _replay_collator(args.bundle)
     try:
         results = replay(args.bundle, model=args.model, device=args.device)
     except (BundleError, SpecError) as exc:
@@ -454,6 +489,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for result in results:
         print(result.report())
     return 1 if any(r.status == "fail" for r in results) else 0
+
+
+def _is_collator_bundle(path: str) -> bool:
+    case = Path(path) / "case.json" if Path(path).is_dir() else Path(path)
+    try:
+        return json.loads(case.read_text()).get("kind") == "collator"
+    except (OSError, ValueError, AttributeError):
+        return False  # the model bundle reader says what is wrong with it
+
+
+def _replay_collator(path: str) -> int:
+    from .collator_audit import CollatorError, replay_collator_case
+
+    case = Path(path) / "case.json" if Path(path).is_dir() else Path(path)
+    data = json.loads(case.read_text())
+    failed = False
+    for index, recorded in enumerate(data["cases"]):
+        try:
+            outcome, batch = replay_collator_case(data, index)
+        except CollatorError as exc:
+            print(f"maskcheck: error: {exc}", file=sys.stderr)
+            return 2
+        failed |= outcome.status == "fail"
+        shown = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in (batch or {}).items()}
+        print(f"collator/{recorded['check']}: {outcome.status.upper()}{': ' + outcome.message if outcome.message else ''}\n  examples: {recorded['examples']}\n  batch: {shown}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

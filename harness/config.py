@@ -18,6 +18,7 @@ One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*``
 | ``timeout`` | seconds | time limit per suite |
 | ``tolerance`` | tables | ``[tool.maskcheck.tolerance."cpu.float32"]`` overrides |
 | ``known_findings`` | array of tables | accepted findings, see :class:`KnownFinding` |
+| ``collators`` | list | collators the pytest plugin audits: ``"pkg.mod:factory"`` (causal-lm) or ``{factory = "...", task = "packed"}`` |
 
 Every problem is a :class:`ConfigError` with a one-line message naming the file.
 """
@@ -51,6 +52,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "timeout": (int, float),
     "tolerance": dict,
     "known_findings": list,
+    "collators": list,
     "disabled_conventions": list,  # ids of harness/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
 }
@@ -114,7 +116,22 @@ def normalise(table: dict[str, Any], where: str) -> dict[str, Any]:
     if not all(isinstance(v, dict) for v in tolerance.values()):
         raise ConfigError(f'{where}: [tool.maskcheck.tolerance] must hold tables such as ["cpu.float32"]')
     config["known_findings"] = [known_finding(entry, where) for entry in config.get("known_findings", [])]
+    config["collators"] = [collator_entry(entry, where) for entry in config.get("collators", [])]
     return config
+
+
+def collator_entry(entry: Any, where: str) -> tuple[str, str]:
+    """``(factory, task)`` of one ``collators`` entry."""
+    from ..suites.collator import TASKS
+
+    if isinstance(entry, str):
+        entry = {"factory": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("factory"), str):
+        raise ConfigError(f'{where}: each collators entry is "pkg.mod:factory" or a table with factory = "pkg.mod:factory"')
+    task = entry.get("task", "causal-lm")
+    if task not in TASKS:
+        raise ConfigError(f"{where}: collators task {task!r} is not one of {', '.join(TASKS)}")
+    return entry["factory"].removeprefix("collator:"), task
 
 
 def known_finding(entry: Any, where: str) -> KnownFinding:

@@ -249,6 +249,31 @@ class MaskcheckItem(pytest.Item):
         return self.path, None, f"maskcheck {self.suite} on {self.entry.name}"
 
 
+class CollatorItem(pytest.Item):
+    """The collator checks of one task against one collator factory."""
+
+    def __init__(self, *, factory: str, task: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.factory = factory
+        self.task = task
+        self.add_marker("maskcheck")
+
+    def runtest(self) -> None:
+        from .testing import run_collator_test
+
+        run_collator_test(self.factory, self.task, run_options(self.config))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        from .testing import MaskcheckFailure
+
+        if isinstance(excinfo.value, MaskcheckFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"maskcheck collator ({self.task}) on {self.factory}"
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """Reproduction bundles hold failing tests: never collect them by recursion (an explicit
     path on the command line still runs them)."""
@@ -269,6 +294,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for entry in models(config)
         for suite in suites(config)
         for name in [f"test_maskcheck[{suite}-{entry.name}]"]
+    ]
+    added += [
+        CollatorItem.from_parent(session, name=name, nodeid=f"maskcheck::{name}", factory=factory, task=task)
+        for factory, task in _tool_config(config).get("collators", [])
+        for name in [f"test_maskcheck_collator[{task}-{factory}]"]
     ]
     if added:
         items.extend(added)

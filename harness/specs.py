@@ -307,12 +307,14 @@ def import_root(spec: str) -> str | None:
     return str(root)
 
 
-def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    module_name, factory_name = target.split(":")
+def call_factory(target: str, scheme: str = "module") -> Any:
+    """Import ``pkg.mod:factory`` (the current directory first on the path, so a factory
+    beside the user's code works without installing) and return what calling it returns."""
+    module_name, _, factory_name = target.partition(":")
     if not all(part.isidentifier() for part in module_name.split(".")) or not factory_name.isidentifier():
-        raise SpecError(f"module spec 'module:{target}' must look like module:package.module:factory (Python names)")
+        raise SpecError(f"{scheme} spec '{scheme}:{target}' must look like {scheme}:package.module:factory (Python names)")
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a factory in the current directory works without installing
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -321,7 +323,11 @@ def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> 
     if not callable(factory):
         raise SpecError(f"{module_name} has no callable {factory_name!r}")
     try:
-        model = factory()
+        return factory()
     except Exception as exc:
         raise SpecError(f"the factory {target} raised {type(exc).__name__}: {exc}") from None
+
+
+def _load_module(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    model = call_factory(target)
     return adapter_for(model, f"module:{target}", device=device, dtype=dtype, task=options.task)

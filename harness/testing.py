@@ -145,6 +145,24 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
     return result
 
 
+def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
+    """The collator checks of ``task`` on ``factory``; fail the calling test as their verdict says."""
+    from .collator_audit import CollatorError, audit_collator
+    from .verdict import FAILING
+
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"collator-{factory}").strip("_")
+    try:
+        result = audit_collator(
+            f"collator:{factory}", task, seed=options.seed, profile=options.profile, examples=options.examples,
+            bundle_dir=(options.report_dir or Path("maskcheck-report")) / slug,
+        )
+    except CollatorError as exc:
+        raise MaskcheckFailure(f"cannot load collator:{factory}: {exc}") from None
+    if result.suites[0].status in FAILING:
+        raise MaskcheckFailure(verdict_text(result))
+    return result
+
+
 def verdict_text(result: Any) -> str:
     from .report import STATUS_MARK, case_lines, how_to_reproduce
 

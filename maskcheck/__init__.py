@@ -36,6 +36,10 @@ _EXPORTS = {
     "maskcheck_tests": "harness.testing",
     "ModelEntry": "harness.testing",
     "MaskcheckWarning": "harness.testing",
+    "audit_collator": "harness.collator_audit",
+    "CollatorError": "harness.collator_audit",
+    "check_gradient_accumulation": "harness.grad_accumulation",
+    "assert_gradient_accumulation": "harness.grad_accumulation",
 }
 
 __all__ = sorted(_EXPORTS)

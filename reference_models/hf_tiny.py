@@ -202,3 +202,16 @@ def shrunk_model(model_type: str, task: str, attn_implementation: str | None = N
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return auto.from_config(shrunk_config(model_type, level), **kwargs).eval()
 
+
+def tiny_tokenizer(pad_is_eos: bool = False, padding_side: str = "right") -> Any:
+    """A word-level tokenizer built here (no download): ``<pad>`` 0, ``<s>`` 1, ``</s>`` 2,
+    ``<unk>`` 3, then ``w4`` ... ``w39``. With ``pad_is_eos`` its pad token is ``</s>``, as
+    many causal-LM tokenizers are set up when they ship without a pad token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocabulary = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 40)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    pad = "</s>" if pad_is_eos else "<pad>"
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token=pad, unk_token="<unk>", padding_side=padding_side)

@@ -274,3 +274,41 @@ def test_each_worker_takes_a_fair_share_of_threads(pytester: pytest.Pytester, mo
     default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, check=True).stdout.strip()
     want = {"share": str(fair_share(cores, 2)), "default": default, "1": "1"}[expected]
     assert seen == {want}, (seen, want)
+
+
+COLLATOR_PYPROJECT = '''
+[tool.pytest.ini_options]
+addopts = "-p no:cacheprovider --strict-markers"
+
+[tool.maskcheck]
+collators = [
+    "maskcheck.reference_models.collator_mutants:masks_every_eos",
+    {factory = "maskcheck.reference_models.collator_mutants:positions_not_restarted", task = "packed"},
+]
+'''
+
+GRADIENT_TEST = """
+import maskcheck
+from maskcheck.reference_models.hf_tiny import tiny_model
+
+
+def per_batch_mean(model, micro_batches):
+    for batch in micro_batches:
+        (model(**batch).loss / len(micro_batches)).backward()
+
+
+def test_my_training_loop_normalises_by_all_targets():
+    maskcheck.assert_gradient_accumulation(tiny_model("llama"), per_batch_mean)
+"""
+
+
+def test_configured_collators_are_tests_and_the_gradient_helper_fails_a_wrong_normaliser(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", pyproject=COLLATOR_PYPROJECT)
+    pytester.makepyfile(test_training=GRADIENT_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
+    assert outcomes(result) == {"failed": 3}
+    output = result.stdout.str()
+    assert "FAILED maskcheck::test_maskcheck_collator[causal-lm-maskcheck.reference_models.collator_mutants:masks_every_eos]" in output
+    assert "target_labels: FAIL: labels are -100 at 1 real EOS token(s)" in output
+    assert "positions_restart: FAIL: position ids do not restart" in output
+    assert "AssertionError: accumulated gradients differ from the whole batch's" in output
