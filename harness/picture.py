@@ -14,7 +14,7 @@ from .influence import Influence
 def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path, title: str, failed: bool = False) -> Path:
     """Write a PNG: left, the expected mask; right, the measured influence (log scale)
     with leaks (influence where the mask forbids it) marked by red crosses, the threshold
-    marked on the colour bar, padded output rows labelled. ``failed``: the suite failed,
+    marked on the colour bar, padded output rows and input columns labelled. ``failed``: the suite failed,
     so a picture without leaks says the failure does not show in this one row."""
     import matplotlib
 
@@ -48,6 +48,11 @@ def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path
     if padded:  # rows that are not compared: padded outputs
         for axis in (left, right):
             axis.set_yticklabels([f"{i} pad" if i in padded else str(i) for i in range(length_out)])
+    # The expected mask is restricted to real inputs, so a column no real output may read is padding.
+    padded_inputs = [j for j in range(length_in) if not bool(expected[:, j].any())]
+    if padded_inputs:
+        for axis in (left, right):
+            axis.set_xticklabels([f"{j}\npad" if j in padded_inputs else str(j) for j in range(length_in)])
     caption = ""
     if not math.isfinite(influence.threshold) or bool(torch.isnan(influence.diff[influence.outputs]).any()):
         caption = "the model's output is NaN or inf: no influence can be measured (the failing check says where)"

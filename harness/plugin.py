@@ -222,14 +222,28 @@ def run_options(config: pytest.Config) -> Any:
     return cached
 
 
-class MaskcheckItem(pytest.Item):
+class VerdictItem(pytest.Item):
+    """A generated maskcheck test: marked ``maskcheck``, and its failure is the verdict text."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_marker("maskcheck")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        from .testing import MaskcheckFailure
+
+        if isinstance(excinfo.value, MaskcheckFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+
+class MaskcheckItem(VerdictItem):
     """One suite against one model."""
 
     def __init__(self, *, entry: Any, suite: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.entry = entry
         self.suite = suite
-        self.add_marker("maskcheck")
 
     def runtest(self) -> None:
         from .testing import _SESSION_CACHE, run_suite_test
@@ -238,37 +252,22 @@ class MaskcheckItem(pytest.Item):
         adapter = _SESSION_CACHE.get(self.entry, options)
         run_suite_test(adapter, self.suite, options, self, self.entry.slug)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        from .testing import MaskcheckFailure
-
-        if isinstance(excinfo.value, MaskcheckFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
-
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"maskcheck {self.suite} on {self.entry.name}"
 
 
-class CollatorItem(pytest.Item):
+class CollatorItem(VerdictItem):
     """The collator checks of one task against one collator factory."""
 
     def __init__(self, *, factory: str, task: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.factory = factory
         self.task = task
-        self.add_marker("maskcheck")
 
     def runtest(self) -> None:
         from .testing import run_collator_test
 
         run_collator_test(self.factory, self.task, run_options(self.config))
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        from .testing import MaskcheckFailure
-
-        if isinstance(excinfo.value, MaskcheckFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"maskcheck collator ({self.task}) on {self.factory}"

@@ -57,10 +57,11 @@ def test_every_seeded_bug_fails_its_suite_for_the_right_reason(name: str) -> Non
     assert result.exit_code == 1
 
 
-@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check not in ("declared_pattern", "layer_windows")])
+@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check not in ("declared_pattern", "layer_windows", "behaviour")])
 def test_failures_shrink_to_a_minimal_case(name: str) -> None:
     """A leak shrinks to one row of at most four tokens (the pattern checks measure at a
-    fixed length: the declared pattern's, or a layer's real window)."""
+    fixed length: the declared pattern's, or a layer's real window; a layout's behaviour is
+    scored on one fixed probe, no drawn case)."""
     mutant = MUTANTS[name]
     check = next(c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check)
     case = check.case
@@ -206,3 +207,26 @@ def test_pictures_of_a_nan_model_and_of_a_batch_dependent_failure_say_so(tmp_pat
         plt.Figure.suptitle = original  # type: ignore[method-assign]
     assert "NaN or inf" in captions[0] and "depends on the batch" in captions[1] and captions[2] == "passing"
     assert all((tmp_path / name).stat().st_size > 1000 for name in ("nan.png", "batch.png", "pass.png"))
+
+
+def test_the_picture_labels_padded_rows_and_columns(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A left-padded row of 4 (2 pads): rows 0-1 and columns 0-1 say "pad"; a real column does not."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from maskcheck.harness.influence import Influence
+    from maskcheck.harness.picture import draw_effective_mask
+
+    labels: dict[str, list[str]] = {"x": [], "y": []}
+    originals = plt.Axes.set_xticklabels, plt.Axes.set_yticklabels
+    plt.Axes.set_xticklabels = lambda self, ticks, **kw: labels["x"].extend(ticks) or originals[0](self, ticks, **kw)  # type: ignore[method-assign]
+    plt.Axes.set_yticklabels = lambda self, ticks, **kw: labels["y"].extend(ticks) or originals[1](self, ticks, **kw)  # type: ignore[method-assign]
+    try:
+        real = torch.tensor([False, False, True, True])
+        expected = torch.ones(4, 4, dtype=torch.bool).tril() & real[None, :] & real[:, None]
+        influence = Influence(torch.zeros(4, 4, dtype=torch.float64), 0.0, 1e-6, real, torch.ones(4, dtype=torch.bool))
+        draw_effective_mask(influence, expected, tmp_path / "padded.png", "left-padded row")
+    finally:
+        plt.Axes.set_xticklabels, plt.Axes.set_yticklabels = originals  # type: ignore[method-assign]
+    assert labels["y"][:4] == ["0 pad", "1 pad", "2", "3"]
+    assert labels["x"][:4] == ["0\npad", "1\npad", "2", "3"]
