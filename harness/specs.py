@@ -114,9 +114,12 @@ def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None
 
         return ReferenceAdapter(_place(model, device, dtype), spec)
     if _is_pretrained(model):
-        from .adapters.hf import HFAdapter
+        from .adapters.hf import HFAdapter, HFLoadError
 
-        return HFAdapter(_place(model, device, dtype), spec, task=task)
+        try:
+            return HFAdapter(_place(model, device, dtype), spec, task=task)
+        except HFLoadError as exc:
+            raise SpecError(str(exc)) from None
     capabilities = getattr(model, "maskcheck_capabilities", None)
     if capabilities is not None:
         from .adapters.base import Capabilities
@@ -275,9 +278,9 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
             allow_pickle=options.allow_pickle,
             device_map=options.device_map,
         )
-    except HFLoadError as exc:
+        return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task, tokenizer=load_hf_tokenizer(target, options.trust_remote_code))
+    except HFLoadError as exc:  # loading, or what the adapter measures on the loaded model
         raise SpecError(str(exc)) from None
-    return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task, tokenizer=load_hf_tokenizer(target, options.trust_remote_code))
 
 
 def factory_spec(factory: Any) -> str | None:

@@ -74,12 +74,19 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
 
 
 def runs_forward(model: Any, task: str) -> None:
-    """A plain forward of one row of four tokens: a shrunk config that cannot run it is the
-    shrink's failure, never reported as the model's."""
+    """A plain forward of two rows of four tokens, one left-padded, ids up to the output
+    vocabulary's last (what the suites feed): a shrunk config that cannot run it is the
+    shrink's failure (special-token ids beyond the shrunk vocabulary, widths that no longer
+    divide), never reported as the model's."""
     import torch
 
-    ids = torch.tensor([[3, 4, 5, 6]])
-    inputs = {"input_ids": ids, "decoder_input_ids": ids} if task == "seq2seq" else {"input_ids": ids}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = int(head.weight.shape[0]) if head is not None and hasattr(head, "weight") else 128
+    ids = torch.tensor([[3, 4, 5, vocab - 1], [0, 0, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if task == "seq2seq":
+        inputs["decoder_input_ids"] = ids
     with torch.inference_mode():
         model(**inputs)
 

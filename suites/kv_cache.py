@@ -181,6 +181,8 @@ class KVCacheSuite(Suite):
             first = min(t for _, t in outcome.positions)
             where_first = "the prefill" if first < prompt else next(f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n)
             outcome.message += f"; first wrong position {first}, in {where_first}"
+            if first < prompt:  # no cache is involved yet: the prompt's logits depend on the tokens after it
+                outcome.message += " (no cache exists before the first step: the model's logits depend on later tokens, so it is not causal; see the causal suite)"
         return outcome
 
     def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Outcome:

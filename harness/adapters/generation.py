@@ -66,7 +66,12 @@ class GenerationPath:
         kwargs: dict[str, Any] = {"use_cache": True, self.mask_key: mask}
         if self.encoder_decoder:
             encoder = self.model.get_encoder()
-            kwargs["encoder_outputs"] = call_model(encoder, input_ids=source, attention_mask=source_mask, return_dict=True)
+            encoded = call_model(encoder, input_ids=source, attention_mask=source_mask, return_dict=True)
+            if isinstance(encoded, tuple):  # an encoder that ignores return_dict: wrapped as generate() wraps it
+                from transformers.modeling_outputs import BaseModelOutput
+
+                encoded = BaseModelOutput(last_hidden_state=encoded[0])
+            kwargs["encoder_outputs"] = encoded
             kwargs["attention_mask"] = source_mask
         self._new_cache(kwargs, ids.shape[0], ids.shape[1])
         if self.takes_position_ids and self._generate_passes_positions(ids, mask):
