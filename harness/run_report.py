@@ -5,9 +5,11 @@ run's id (pytest-xdist workers never write the same file). At the end of the run
 controller merges this run's files, and only those, into ``report.json`` and
 ``report.md`` per model, and removes what earlier runs left there under maskcheck's own
 names: result files of other runs, ``repro-*`` bundles (directories holding a
-``case.json``) and ``*-effective-mask.png`` pictures that this run's results do not name,
-and the report of a configured model that this run did not audit. Nothing else in the
-report directory is touched, whatever that directory is.
+``case.json``) and ``*-effective-mask.png`` pictures that this run's results do not name.
+A model this run did not audit keeps its directory untouched: a run of one's own tests,
+or of a reproduction bundle itself (``pytest maskcheck-report/<model>/repro-causal``), must
+never delete the bundle being debugged. Nothing else in the report directory is touched,
+whatever that directory is.
 
 ``complete`` is true only when every maskcheck test selected in this run finished and
 the run was not interrupted or stopped early.
@@ -103,13 +105,13 @@ def merge_run(ledger: RunLedger, run_complete: bool) -> list[Path]:
     """Merge this run's results per model, remove stale artifacts; returns the reports written."""
     written = []
     for model_dir, parts in _model_dirs(ledger):
+        if not parts:
+            continue  # not audited by this run: its report and bundles are another run's to replace
         referenced = {Path(p).name for part in parts for s in part["suites"] for p in (s.get("reproduction"), s.get("picture")) if p}
-        if parts:
-            referenced |= set(REPORT_FILES)  # rewritten below, atomically
+        referenced |= set(REPORT_FILES)  # rewritten below, atomically
         for path in _stale(model_dir, referenced, ledger.run_id):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        if parts:
-            written.append(_write_merged(model_dir, parts, ledger, run_complete))
+        written.append(_write_merged(model_dir, parts, ledger, run_complete))
         results = model_dir / RESULTS
         for path in results.glob("*.json"):  # merged now: only this run's were left
             path.unlink()

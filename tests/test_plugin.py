@@ -175,6 +175,17 @@ def test_the_merged_report_describes_this_run_only(fake_repo: pytest.Pytester) -
     assert not (model_dir / "results").exists()
 
 
+def test_running_a_bundle_or_ones_own_tests_never_deletes_a_bundle(fake_repo: pytest.Pytester) -> None:
+    model_dir = fake_repo.path / "maskcheck-report" / "module_models_buggy"
+    assert outcomes(fake_repo.runpytest_subprocess("-p", "no:xdist")) == {"passed": 4, "failed": 1}
+    bundle = model_dir / "repro-padding"
+    for _ in range(2):  # debugging a leak: the bundle's test, run again and again
+        assert outcomes(fake_repo.runpytest_subprocess("-p", "no:xdist", str(bundle))).get("failed")
+        assert (bundle / "case.json").is_file() and (model_dir / "report.json").is_file()
+    fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py")
+    assert (bundle / "case.json").is_file() and (model_dir / "report.md").is_file()
+
+
 INTERRUPTING_MODELS = '''
 def good():
     import torch
