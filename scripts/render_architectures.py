@@ -29,8 +29,36 @@ def cell(records: list[dict[str, Any]], suite: str) -> str:
     return marks[0] if len(set(marks)) == 1 else " / ".join(marks)
 
 
+def confirmations(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """scripts/confirm_findings.py's last result per (type, task, suite)."""
+    if not path.is_file():
+        return {}
+    return {(r["type"], r["task"], r["suite"]): r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def confirmation_note(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return " Not reproduced yet."
+    if record["confirmed"] is None:
+        return f" The direct check could not run ({record['output']})."
+    if record["confirmed"]:
+        return f" Confirmed with plain transformers: max |difference| {record['difference']:.3g}."
+    return f" **Not confirmed**: the direct check measures {record['difference']:.3g}."
+
+
+def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str], dict[str, Any]]) -> str:
+    """One line: how many reproducible FAILs the direct checks confirmed."""
+    keys = [(t, task, suite) for (t, task), rs in built.items() for r in rs if r["implementation"] == "default" for suite, data in r["suites"].items() if suite in REPRODUCIBLE and data["status"] == "fail"]
+    found = [confirmed.get(key) for key in keys]
+    yes = sum(1 for r in found if r and r["confirmed"])
+    no = sum(1 for r in found if r and r["confirmed"] is False)
+    missing = len(keys) - yes - no
+    return f"Of {len(keys)} FAIL verdicts in reproducible suites, {yes} are confirmed by their direct check, {no} are not, {missing} not reproduced or the check could not run."
+
+
 def render(results: Path, out: Path) -> None:
     records = latest(results)
+    confirmed = confirmations(results.with_name("architectures-confirmed.jsonl"))
     by_type: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (model_type, task, _), record in sorted(records.items()):
         by_type[(model_type, task)].append(record)
@@ -53,17 +81,19 @@ def render(results: Path, out: Path) -> None:
         f"transformers {', '.join(versions)}; {len(built)} of {len(by_type)} types audited; audit time {hours:.1f} h of one core.",
         "",
         "Every finding names a plain-transformers reproduction, `scripts/reproduce_finding.py TYPE",
-        "SUITE`, which rebuilds the same model and measures the property with no maskcheck code.",
+        "SUITE`, which rebuilds the same model and measures the property with no maskcheck code;",
+        "`python scripts/confirm_findings.py` runs it for every FAIL and records the result in",
+        "`docs/architectures-confirmed.jsonl`, and each FAIL below says what it measured.",
+        f"{tally(built, confirmed)}",
         "",
-        "**Not every verdict here is confirmed yet.** Known limits of the harness, open work:",
-        "`kv_cache` steps a model with the cumulative attention mask and only through the",
-        "`past_key_values`/`cache` keywords, not through the model's own",
-        "`prepare_inputs_for_generation`, so the `kv_cache` verdicts of state-space and recurrent",
-        "models (Mamba and FalconMamba: FAIL; RWKV: n/a; XLM, BERT-style heads: ERROR) are not",
-        "findings until that lands; the generic reproduction script cannot express their caches",
-        "either. Findings confirmed with plain calls so far: the packing leaks of OPT and AFMoE,",
-        "the causal leaks of BERT, RemBERT and XLM causal-LM heads (bidirectional unless",
-        "`is_decoder=True`), Jamba's cache on a two-token chunk (1.2e-4 against 1.5e-7 for Llama).",
+        "How to read the verdicts: a `WARN` is a real behaviour that is not a leak, with its",
+        "reason (left padding on a model without position ids, packing that is safe only with",
+        "the documented inputs, a documented label convention from `harness/conventions.json`);",
+        "`n/a` says why the input cannot be given (the table at the end); `kv_cache` decodes each",
+        "model the way `generate()` does, with the model's own generation methods, so recurrent",
+        "and state-space caches (`state`, Mamba's cache) are checked on the path users run.",
+        "Only the default attention implementation has been swept with this version; the eager",
+        "pass is not in this table yet.",
         "",
         "| type | task | " + " | ".join(SUITES[:5]) + " |",
         "|---|---|" + "---|" * 5,
@@ -83,6 +113,8 @@ def render(results: Path, out: Path) -> None:
                 impl = "" if record["implementation"] == "default" else f" --implementation {record['implementation']}"
                 task_flag = "" if task == "causal-lm" else f" --task {task}"
                 reproduce = f" Reproduce: `python scripts/reproduce_finding.py {model_type} {suite}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
+                if suite in REPRODUCIBLE and data["status"] == "fail" and record["implementation"] == "default":
+                    reproduce += confirmation_note(confirmed.get((model_type, task, suite)))
                 lines.append(f"- **{model_type}** {suite} ({record['implementation']}): {MARK[data['status']]} {data['check']}{size}: {message}.{reproduce}")
     lines += ["", "## Not applicable", "", "| suite | reason | types |", "|---|---|---|"]
     reasons: Counter[tuple[str, str]] = Counter()

@@ -10,10 +10,10 @@ and transformers, so the finding stands without maskcheck:
 | suite | what must not change |
 |---|---|
 | causal | logits before position 4 when the token at position 5 changes |
-| padding | real logits when the ids in left-padded slots change (mask given) |
+| padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
-| loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored |
+| loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone |
 """
 
 from __future__ import annotations
@@ -68,12 +68,20 @@ def causal(model: torch.nn.Module) -> float:
 
 
 def padding(model: torch.nn.Module) -> float:
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    """Changing the ids in two left-padded slots (mask given), and the padded row against the
+    row alone (position ids from the mask, as generate() builds them, where the model takes
+    them). Prints both; returns the larger."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
     real = ids(model, 6)
     row = torch.cat([torch.full((1, 2), pad), real], dim=1)
     other = torch.cat([torch.full((1, 2), (pad + 5) % model.config.vocab_size), real], dim=1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
-    return float((log_probs(model, input_ids=row, attention_mask=mask)[:, 2:] - log_probs(model, input_ids=other, attention_mask=mask)[:, 2:]).abs().max())
+    extra = {"position_ids": torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]])} if takes(model, "position_ids") else {}
+    padded = log_probs(model, input_ids=row, attention_mask=mask, **extra)[:, 2:]
+    by_ids = float((padded - log_probs(model, input_ids=other, attention_mask=mask, **extra)[:, 2:]).abs().max())
+    by_padding = float((padded - log_probs(model, input_ids=real)).abs().max())
+    print(f"changing padded ids: max |d log p| = {by_ids:.3g}; left-padded against alone: {by_padding:.3g}")
+    return max(by_ids, by_padding)
 
 
 def packing(model: torch.nn.Module) -> float:
@@ -134,6 +142,10 @@ def kv_cache(model: torch.nn.Module) -> float:
 
 
 def loss_masking(model: torch.nn.Module) -> float:
+    """The model's loss against cross-entropy of logits[t] and labels[t + 1] (-100 ignored),
+    and the loss of a left-padded row (labels -100 at the pads and the first real token)
+    against the row alone.
+    Prints both; returns the larger."""
     row = ids(model, 8)
     labels = row.clone()
     labels[0, :2] = -100
@@ -141,7 +153,20 @@ def loss_masking(model: torch.nn.Module) -> float:
         output = model(input_ids=row, labels=labels)
     logits = output.logits[:, :-1].double()
     expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-    return float((output.loss.double() - expected).abs())
+    by_reference = float((output.loss.double() - expected).abs())
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    padded = torch.cat([torch.full((1, 2), pad), row], dim=1)
+    mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones_like(row)], dim=1)
+    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if takes(model, "position_ids") else {}
+    with torch.no_grad():
+        alone = model(input_ids=row, labels=row).loss
+        # The first real token has no real token before it: alone it is never a target, so padded it is none either.
+        padded_labels = padded.masked_fill(mask == 0, -100)
+        padded_labels[0, 2] = -100
+        with_padding = model(input_ids=padded, attention_mask=mask, labels=padded_labels, **extra).loss
+    by_padding = float((alone.double() - with_padding.double()).abs())
+    print(f"loss against the reference: |difference| = {by_reference:.3g}; left-padded against alone: {by_padding:.3g}")
+    return max(by_reference, by_padding)
 
 
 CHECKS = {"causal": causal, "padding": padding, "packing": packing, "kv_cache": kv_cache, "loss_masking": loss_masking}

@@ -1,0 +1,81 @@
+"""Run the plain-transformers reproduction of every FAIL the architecture sweep recorded.
+
+    python scripts/confirm_findings.py            # every FAIL of a reproducible suite not confirmed yet
+    python scripts/confirm_findings.py --again    # all of them again
+
+Each FAIL in docs/architectures.jsonl (suites causal, padding, packing, kv_cache,
+loss_masking) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
+subprocess (no maskcheck code runs there) and the result goes to
+docs/architectures-confirmed.jsonl: the largest difference the direct check measured and
+whether it exceeds 1e-4. `--render` of the sweep then marks every finding confirmed or not:
+a FAIL the direct check does not show is a harness false alarm until shown otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "architectures.jsonl"
+CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
+REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking")
+DIFFERENCE = re.compile(r"max \|difference\| = ([0-9.eE+-]+|nan|inf)")
+
+
+def failures(results: Path) -> list[tuple[str, str, str]]:
+    latest = {}
+    for line in results.read_text().splitlines():
+        record = json.loads(line)
+        latest[(record["type"], record["task"], record["implementation"])] = record
+    return sorted(
+        (model_type, task, suite)
+        for (model_type, task, implementation), record in latest.items()
+        if implementation == "default"
+        for suite, data in record.get("suites", {}).items()
+        if suite in REPRODUCIBLE and data["status"] == "fail"
+    )
+
+
+def reproduce(model_type: str, task: str, suite: str, timeout: float) -> dict:
+    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, suite, "--task", task]
+    record = {"type": model_type, "task": task, "suite": suite}
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})
+    except subprocess.TimeoutExpired:
+        return {**record, "difference": None, "confirmed": None, "output": f"timed out after {timeout:.0f} s"}
+    found = DIFFERENCE.search(completed.stdout)
+    if not found:
+        tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**record, "difference": None, "confirmed": None, "output": tail[:300]}
+    difference = float(found.group(1))
+    lines = [line for line in completed.stdout.splitlines() if line.strip()]
+    return {**record, "difference": difference, "confirmed": not difference <= 1e-4, "output": " | ".join(lines[-3:])[:400]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--again", action="store_true")
+    parser.add_argument("--timeout", type=float, default=180)
+    args = parser.parse_args()
+    done = set()
+    if CONFIRMED.is_file() and not args.again:
+        done = {(r["type"], r["task"], r["suite"]) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
+    plan = [key for key in failures(RESULTS) if key not in done]
+    print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
+    for index, (model_type, task, suite) in enumerate(plan, 1):
+        record = reproduce(model_type, task, suite, args.timeout)
+        with CONFIRMED.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        verdict = {True: "confirmed", False: "NOT CONFIRMED", None: "could not run"}[record["confirmed"]]
+        print(f"[{index}/{len(plan)}] {model_type} {task} {suite}: {verdict} ({record['difference']})", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
