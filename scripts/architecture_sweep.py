@@ -61,7 +61,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     else:
         record.update(built=False, error="; ".join(errors), seconds=round(time.perf_counter() - started, 2))
         return record
-    record.update(built=True, shrink=level, config=config.to_diff_dict())
+    record.update(built=True, shrink=level, config=config.to_dict())  # whole: a default that depends on another field (layer lists) must not come back wrong
     record["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     try:
         result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), list(SWEEP_SUITES), profile=profile)

@@ -38,7 +38,12 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
     )
     if record is None:
         raise SystemExit(f"{model_type} ({task}) is not in {results}: run scripts/architecture_sweep.py --types {model_type}")
-    config = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in record["config"].items() if k != "model_type"})
+    # The default config with the recorded fields set on it, as the sweep shrank it (some shrunk
+    # configs, XLNet's d_head say, would not pass the constructor's validation).
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, value in record["config"].items():
+        if key not in ("model_type", "transformers_version"):
+            setattr(config, key, value)
     auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM, "seq2seq": transformers.AutoModelForSeq2SeqLM}[task]
     torch.manual_seed(0)
     kwargs = {} if implementation == "default" else {"attn_implementation": implementation}

@@ -268,22 +268,25 @@ def position_offset(model: Any, task: str, vocab_size: int) -> int:
     return 0
 
 
-def check_decoder_logits(model: Any, vocab_size: int) -> None:
-    """A seq2seq model must give one row of logits per decoder token. Some classes in the
-    seq2seq auto mapping (speech LMs that take audio features) return other shapes for text:
-    they are no text encoder-decoder, and saying so once beats an error in every suite."""
+def check_logit_rows(model: Any, task: str, vocab_size: int) -> None:
+    """The logits must have one row per predicted token. Some classes in the auto mappings
+    return other shapes for text (speech LMs in the seq2seq mapping follow their own input,
+    Perceiver returns a fixed number of outputs): they cannot be audited token by token, and
+    saying so once beats an error in every suite."""
     device = next(model.parameters()).device
     source = torch.tensor([[3 % vocab_size, 4 % vocab_size]], device=device)
     ids = torch.tensor([[3 % vocab_size, 4 % vocab_size, 5 % vocab_size]], device=device)  # not the source's length
+    inputs = {"input_ids": source, "decoder_input_ids": ids} if task == "seq2seq" else {"input_ids": ids}
     try:
         with torch.inference_mode():
-            logits = model(input_ids=source, decoder_input_ids=ids).logits
+            logits = model(**inputs).logits
     except Exception:  # noqa: BLE001 - a model that raises here raises in the suites, with its message
         return
     if tuple(logits.shape[:2]) != (1, 3):
+        kind = "text encoder-decoder" if task == "seq2seq" else f"token-level {task} model"
         raise HFLoadError(
-            f"{type(model).__name__} is not a text encoder-decoder: given 3 decoder tokens it returns logits of shape "
-            f"{list(logits.shape)}, not one row per token (speech and multimodal LMs in the seq2seq mapping need their own inputs)"
+            f"{type(model).__name__} is not a {kind}: given 3 {'decoder ' if task == 'seq2seq' else ''}tokens it returns logits of shape "
+            f"{list(logits.shape)}, not one row per token (speech and multimodal models need their own inputs)"
         )
 
 
@@ -313,8 +316,7 @@ class HFAdapter(Adapter):
         keywords = ForwardKeywords.of(model)
         self.cache_keyword = "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
         vocab_size = _output_vocab(model)
-        if chosen == "seq2seq":
-            check_decoder_logits(model, vocab_size)
+        check_logit_rows(model, chosen, vocab_size)
         offset = position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0
         #: the model's own generation methods, when it has them; None: steps built by hand
         self.generation: GenerationPath | None = None
