@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..suites import collator as checks_of
 from .profiles import check_profile, examples_of
-from .runner import AuditResult, maskcheck_version
+from .runner import AuditResult
 from .suite import CaseFailed, Outcome, RunContext, run_check
 from .tolerance import tolerance_for
 from .verdict import SuiteResult
@@ -90,7 +90,17 @@ def audit_collator(
     check_profile(profile)
     target = collator if isinstance(collator, CollatorTarget) else load_collator(collator, pad_id, eos_id)
     context = RunContext(tolerance=tolerance_for("cpu", "float32"), seed=seed, examples=examples if examples is not None else examples_of(profile), profile=profile)
-    environment = {"maskcheck": maskcheck_version(), "task": task, "seed": seed, "profile": profile, "pad_id": target.vocabulary.pad, "eos_id": target.vocabulary.eos}
+    import platform
+
+    import torch
+    import transformers
+
+    # The report schema's environment; a collator's work is on token ids on the CPU.
+    environment = {
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "device": "cpu", "dtype": "int64", "seed": seed, "profile": profile,
+        "task": task, "pad_id": target.vocabulary.pad, "eos_id": target.vocabulary.eos,
+    }
     result = AuditResult(target.spec, environment, adapter={"spec": target.spec, "kind": "collator", "task": task})
     started = time.perf_counter()
     suite = SuiteResult(SUITE)

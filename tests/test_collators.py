@@ -93,6 +93,15 @@ def test_a_collator_that_raises_fails_on_the_fewest_examples_that_make_it_raise(
     assert [len(e["input_ids"]) for e in check.case["examples"]] == [5]
 
 
+def test_a_collator_report_follows_the_report_schema() -> None:
+    import jsonschema
+
+    from maskcheck.harness.report import report_schema
+
+    result = audit_collator("collator:examples.collators:pad_is_eos")
+    jsonschema.validate(result.to_dict(), report_schema())
+
+
 def test_bad_collator_specs_are_one_line_errors() -> None:
     with pytest.raises(CollatorError, match="has no callable 'nothing'"):
         audit_collator("collator:examples.collators:nothing")
