@@ -135,6 +135,10 @@ SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short ro
 SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     # attention every 8 layers from the 4th: two layers would hold none (the cache then fails)
     "jamba": {"attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1, "expert_layer_period": 2},
+    # rotary over the first 64 dimensions of each head: wider than a shrunk head of 16; without
+    # this only the counts shrink, at full width (400M parameters), and the audit times out
+    "gptj": {"rotary_dim": 8},
+    "codegen": {"rotary_dim": 8},
 }
 
 
