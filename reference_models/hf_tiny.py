@@ -188,6 +188,15 @@ def _shrink(config: Any, keys: dict[str, int]) -> None:
         config.sliding_window = SWEEP_WINDOW
     if isinstance(present.get("layer_types"), list) and present["layer_types"]:
         config.layer_types = _mixed(present["layer_types"])
+    # Fields a config derives from its widths at construction stay None when the widths are
+    # set afterwards; the model code then divides by None. Derive them as the constructor would.
+    shrunk = config.to_dict()
+    heads = shrunk.get("num_attention_heads")
+    if isinstance(heads, int) and heads:
+        if "head_dim" in shrunk and shrunk["head_dim"] is None and isinstance(shrunk.get("hidden_size"), int):
+            config.head_dim = shrunk["hidden_size"] // heads
+        if "num_key_value_heads" in shrunk and shrunk["num_key_value_heads"] is None:
+            config.num_key_value_heads = heads
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         if isinstance(present.get(key), int) and present[key] >= SHRUNK_SIZES["vocab_size"]:
             setattr(config, key, {"pad_token_id": 0, "bos_token_id": 1}.get(key, 2))
