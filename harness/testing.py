@@ -150,7 +150,7 @@ def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
     from .collator_audit import CollatorError, audit_collator
     from .verdict import FAILING
 
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"collator-{factory}").strip("_")
+    slug = ModelEntry(f"collator-{factory}", factory).slug  # the report directory, named as a model's is
     try:
         result = audit_collator(
             f"collator:{factory}", task, seed=options.seed, profile=options.profile, examples=options.examples,
