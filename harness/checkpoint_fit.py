@@ -14,8 +14,16 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 INDEX = re.compile(r"\.\d+(?=\.|$)")
+
+
+def tied_names(model: Any) -> set[str]:
+    """The parameter names a model ties to another (``lm_head.weight`` to the embeddings), in
+    either form transformers has declared them (a list, or a dict of tied -> source)."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return set(tied if isinstance(tied, (list, tuple, set)) else tied.keys())
 
 
 def folded(names: list[str] | tuple[str, ...] | set[str]) -> frozenset[str]:
@@ -90,8 +98,7 @@ def _build_class_templates() -> tuple[ClassTemplate, ...]:
                 model = transformers.AutoModelForCausalLM.from_config(shrunk_config(model_type, "counts"))
         except Exception:  # noqa: BLE001 - a type that cannot be built is no candidate
             continue
-        tied = getattr(model, "_tied_weights_keys", None) or {}
-        head = folded(set(tied if isinstance(tied, (list, tuple, set)) else tied.keys()))
+        head = folded(tied_names(model))
         ties = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
         templates.append(ClassTemplate(type(model).__name__, folded(set(model.state_dict())), head, ties))
     return tuple(templates)

@@ -67,9 +67,13 @@ def _targets(batch: Batch, shift: bool) -> Tensor:
     return batch["labels"][:, 1:] if shift else batch["labels"]
 
 
+def valid_targets(batch: Batch, shift: bool) -> int:
+    return int((_targets(batch, shift) != IGNORE_INDEX).sum())
+
+
 def reference_gradients(model: Any, micro_batches: Sequence[Batch], parameters: list[torch.nn.Parameter], shift: bool = True) -> list[Tensor]:
     """The gradient of the whole batch's loss (summed over valid targets, divided by their count)."""
-    total = sum(int((_targets(b, shift) != IGNORE_INDEX).sum()) for b in micro_batches)
+    total = sum(valid_targets(b, shift) for b in micro_batches)
     for p in parameters:
         p.grad = None
     for batch in micro_batches:
@@ -122,7 +126,7 @@ def check_gradient_accumulation(
         for p in parameters:
             p.grad = None
         model.train(was_training)
-    counts = tuple(int((_targets(b, shift) != IGNORE_INDEX).sum()) for b in micro_batches)
+    counts = tuple(valid_targets(b, shift) for b in micro_batches)
     error, floor = _relative(accumulated, reference), _relative(again, reference)
     threshold = max(16 * floor, 1e-5)
     if error <= threshold:

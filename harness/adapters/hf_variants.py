@@ -112,10 +112,9 @@ def sibling_classes(model: Any) -> list[tuple[str, str]]:
     """``(class name, model type)`` of the other causal-LM classes with exactly the model's parameter names."""
     import transformers
 
-    from ..checkpoint_fit import classes_with_parameters
+    from ..checkpoint_fit import classes_with_parameters, tied_names
 
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    names = set(model.state_dict()) - set(tied if isinstance(tied, (list, tuple, set)) else tied.keys())
+    names = set(model.state_dict()) - tied_names(model)
     type_of_class = {name: model_type for model_type, name in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if isinstance(name, str)}
     own = type(model).__name__
     return [(name, type_of_class[name]) for name in classes_with_parameters(names) if name != own and name in type_of_class]
