@@ -30,12 +30,16 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import dataclasses
 import functools
+import inspect
+import os
 import statistics
+import subprocess
+import tempfile
 import time
 import types
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 warnings.filterwarnings("ignore")
@@ -43,7 +47,6 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
-from maskcheck.harness import runner  # noqa: E402
 from maskcheck.harness.specs import adapter_for  # noqa: E402
 
 
@@ -73,7 +76,7 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.calls: list[tuple[torch.nn.Module, tuple, dict, str]] = []
-        self.suite = ""
+        self.suite = GATE  # until the first suite starts
         self.kind = type(model)
         self.original = self.kind.forward
         recorder = self
@@ -95,13 +98,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_audit(model: Any, profile: str, follower: Any = None) -> tuple[float, dict[str, float], Any]:
+GATE = "(gate)"
+
+
+def run_audit(model: Any, profile: str, follower: Any = None, batch_cases: bool = True) -> tuple[float, dict[str, float], Any]:
     """The audit's wall time, each suite's share of it, and the result; ``follower`` (a
     Recorder, or any object with a ``suite`` attribute) is told which suite is running."""
     per_suite: dict[str, float] = {}
 
     def progress(event: str, suite: str, result: Any) -> None:
         if event == "start":
+            if not per_suite:  # what ran before the first suite: the batching gate (padding/batch_composition)
+                per_suite[GATE] = time.perf_counter() - started
             per_suite[suite] = time.perf_counter()
             if follower is not None:
                 follower.suite = suite
@@ -112,7 +120,7 @@ def run_audit(model: Any, profile: str, follower: Any = None) -> tuple[float, di
     device = next(model.parameters()).device
     synchronize(device)
     started = time.perf_counter()
-    result = audit(adapter, profile=profile, progress=progress)
+    result = audit(adapter, profile=profile, progress=progress, batch_cases=batch_cases)
     synchronize(device)
     return time.perf_counter() - started, per_suite, result
 
@@ -133,14 +141,13 @@ def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> dict[str, f
     return per_suite
 
 
-def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]:
-    """Per suite: seconds in the model's forwards, in the harness's case work around them,
-    and in Hypothesis and the engine, from one audit with timers around each forward and
-    each case's evaluation."""
+def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float]]:
+    """Per suite: seconds in the model's forwards, and in everything else (building and
+    judging cases, the adapter, Hypothesis and the engine), from one audit with a timer
+    around each forward."""
     forwards: dict[str, float] = collections.defaultdict(float)
-    evaluating: dict[str, float] = collections.defaultdict(float)
-    current = types.SimpleNamespace(suite="")
-    kind, original_forward, original_run_check = type(model), type(model).forward, runner.run_check
+    current = types.SimpleNamespace(suite=GATE)
+    kind, original_forward = type(model), type(model).forward
 
     @functools.wraps(original_forward)
     def timed_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -153,39 +160,79 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float, float]]
             synchronize(device)
             forwards[current.suite] += time.perf_counter() - started
 
-    def timed_run_check(check: Any, context: Any) -> Any:
-        def evaluate(case: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return check.evaluate(case)
-            finally:
-                evaluating[current.suite] += time.perf_counter() - started
-
-        return original_run_check(dataclasses.replace(check, evaluate=evaluate), context)
-
-    kind.forward, runner.run_check = timed_forward, timed_run_check  # type: ignore[method-assign]
+    kind.forward = timed_forward  # type: ignore[method-assign]
     try:
         _, suite_seconds, _ = run_audit(model, profile, current)
     finally:
-        kind.forward, runner.run_check = original_forward, original_run_check  # type: ignore[method-assign]
-    return {s: (forwards[s], evaluating[s] - forwards[s], total - evaluating[s]) for s, total in suite_seconds.items()}
+        kind.forward = original_forward  # type: ignore[method-assign]
+    return {s: (forwards[s], total - forwards[s]) for s, total in suite_seconds.items()}
 
 
-def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False, device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
+def peer_module() -> str:
+    """A module defining ``gpt2_small`` for the peer's zero-code run: the same factory as ours."""
+    return "import torch\n\n\n" + inspect.getsource(gpt2_small)
+
+
+def peer_run(python: str, threads: int) -> tuple[float, float, str]:
+    """pytest-torch's zero-code run (``pytest --torch-model=MODULE:FACTORY``) on the GPT-2-small
+    shape, in its own venv (it registers a pytest plugin) and process: wall seconds, the
+    seconds pytest reports for its session, and pytest's summary line."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "peer_models.py").write_text(peer_module())
+        env = {**os.environ, "PYTHONPATH": folder, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+        started = time.perf_counter()
+        done = subprocess.run(
+            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--torch-model=peer_models:gpt2_small"],
+            cwd=folder, env=env, capture_output=True, text=True,
+        )
+        wall = time.perf_counter() - started
+    summary = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line and ("passed" in line or "failed" in line)), "")
+    if not summary:
+        raise SystemExit(f"the peer's run printed no summary (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    reported = float(summary.rsplit(" in ", 1)[1].split("s")[0])
+    return wall, reported, summary
+
+
+def measure(
+    name: str,
+    profile: str,
+    repeats: int,
+    with_breakdown: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+    peer: str | None = None,
+    threads: int = 1,
+    unbatched: bool = False,
+) -> dict[str, Any]:
     model = MODELS[name]().to(device=device, dtype=getattr(torch, dtype))
     parameters = sum(p.numel() for p in model.parameters())
     run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
     recorder = Recorder(model)
     _, _, recorded = run_audit(model, profile, recorder)
     recorder.remove()
-    audits, bares = [], []
-    for _ in range(repeats):
+    audits, bares, peers, alone = [], [], [], []
+    for _ in range(repeats):  # the runs alternate, so a slow moment of the machine falls on all of them
+        if peer is not None:
+            peers.append(peer_run(peer, threads))
+        if unbatched:
+            seconds, _, unbatched_result = run_audit(model, profile, batch_cases=False)
+            alone.append(seconds)
+            assert [s.status for s in unbatched_result.suites] == [s.status for s in recorded.suites], "one case per forward gave other verdicts"
         seconds, suite_seconds, result = run_audit(model, profile)
         audits.append((seconds, suite_seconds))
         bares.append(replay(recorder.calls))
     assert [s.status for s in result.suites] == [s.status for s in recorded.suites], "the timed run drew other cases"
     audit_time, bare_time = statistics.median(a for a, _ in audits), statistics.median(sum(b.values()) for b in bares)
     per_suite = {}
+    gate_forwards = sum(1 for *_, s in recorder.calls if s == GATE)
+    if gate_forwards:  # padding/batch_composition, run before the suites (harness.runner.batching_gate)
+        per_suite[GATE] = {
+            "status": next(c.status for c in recorded.suite("padding").checks if c.name == "batch_composition"),
+            "cases": 0,
+            "forwards": gate_forwards,
+            "audit": statistics.median(seconds.get(GATE, 0.0) for _, seconds in audits),
+            "bare": statistics.median(b.get(GATE, 0.0) for b in bares),
+        }
     for suite in recorded.suites:
         per_suite[suite.name] = {
             "status": suite.status,
@@ -202,6 +249,13 @@ def measure(name: str, profile: str, repeats: int, with_breakdown: bool = False,
         "audit": audit_time,
         "bare": bare_time,
         "ratio": audit_time / bare_time,
+        "batching": recorded.environment.get("batching"),
+        "unbatched": statistics.median(alone) if alone else None,
+        "peer": None if not peers else {
+            "wall": statistics.median(p[0] for p in peers),
+            "reported": statistics.median(p[1] for p in peers),
+            "summary": peers[-1][2],
+        },
         "per_suite": per_suite,
         "breakdown": breakdown(model, profile) if with_breakdown else None,
     }
@@ -216,12 +270,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the model's compute dtype (default: float32)")
+    parser.add_argument("--peer", metavar="PYTHON", help="the python of a venv with pytest-torch (benchmarks/setup_peer.sh makes one): time its zero-code run on gpt2-small, alternating with the audit")
+    parser.add_argument("--unbatched", action="store_true", help="also time the audit with one case per forward (batch_cases=False), alternating")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:
-        r = measure(name, args.profile, args.repeats, args.breakdown, args.device, args.dtype)
+        peer = args.peer if name == "gpt2-small" else None
+        r = measure(name, args.profile, args.repeats, args.breakdown, args.device, args.dtype, peer, args.threads, args.unbatched)
         where = f"{args.device} {args.dtype}" if (args.device, args.dtype) != ("cpu", "float32") else f"{args.threads} thread(s)"
         print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}")
         print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
@@ -230,12 +287,19 @@ def main() -> int:
             print(f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}")
         print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
         print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
+        print(f"  batching {r['batching']}")
+        if r["unbatched"]:
+            print(f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time")
+        if r["peer"]:
+            p = r["peer"]
+            print(f"  pytest-torch zero-code run on the same model: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}")
+            print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
         if r["breakdown"]:
-            print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'harness':>8} {'hypothesis':>11}")
+            print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'the rest':>9}")
             for suite, seconds in r["breakdown"].items():
-                print(f"  {suite:<16} " + " ".join(f"{1000 * x:>{w}.1f}" for x, w in zip(seconds, (9, 8, 11))))
+                print(f"  {suite:<16} " + " ".join(f"{1000 * x:>9.1f}" for x in seconds))
             totals = [1000 * sum(column) for column in zip(*r["breakdown"].values())]
-            print(f"  {'all':<16} " + " ".join(f"{x:>{w}.1f}" for x, w in zip(totals, (9, 8, 11))))
+            print(f"  {'all':<16} " + " ".join(f"{x:>9.1f}" for x in totals))
         ok &= r["ratio"] <= 1.3
     return 0 if ok else 1
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from .adapters.base import Adapter, Batch, positions_from_mask
+from .batching import Evaluation, Logits
 from .suite import Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
 
@@ -101,15 +102,38 @@ def same_shape_outcome(
     perturbed: Batch,
     where: Tensor,
     what: str,
-) -> Outcome:
-    """Run ``base``, a copy of ``base`` and ``perturbed`` in one forward; the copy gives the
-    repeat floor. Logits at ``where [B, T]`` must not move beyond the same-shape threshold."""
+) -> Evaluation:
+    """Logits at ``where [B, T]`` must not move beyond the same-shape threshold when
+    ``base`` becomes ``perturbed``, both run in one forward.
+
+    The repeat floor (a copy of ``base`` in the same forward) is measured only for a case
+    that does not pass without it: every threshold grows with the floor, so a case that
+    passes at floor 0 passes at any floor. A case that does not is judged again on the
+    forward the floor needs, ``[base, base, perturbed]``, as if the first had not run."""
     size = base.size
-    logits = adapter.logits(concat([base, base, perturbed]))  # [3B, T, V]
+    logits = yield Logits(adapter, concat([base, perturbed]))  # [2B, T, V]
+    comparison = compare_logits(logits[:size], logits[size:], where)
+    outcome = verdict(comparison, 0.0, context.tolerance.same_shape(0.0, context.dtype, comparison.scale), what)
+    if outcome.status == "pass":
+        return outcome
+    logits = yield Logits(adapter, concat([base, base, perturbed]))  # [3B, T, V]: the copy gives the floor
     floor = repeat_floor(logits, size, where)
     comparison = compare_logits(logits[:size], logits[2 * size :], where)
     threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
+
+
+def with_floor(adapter: Adapter, batch: Batch, where: Tensor, judge: Callable[[Tensor, float], Outcome]) -> Evaluation:
+    """``judge(logits of batch [B, T, V], floor)`` at floor 0; a judgement that is not a pass
+    is made again on ``batch`` run beside its copy, at the floor the copy measures (the
+    difference of the two at ``where [B, T]``). Every threshold grows with the floor, so a
+    pass at floor 0 is a pass at any floor, and the copy costs nothing on a case that passes."""
+    logits = yield Logits(adapter, batch)  # [B, T, V]
+    outcome = judge(logits, 0.0)
+    if outcome.status == "pass":
+        return outcome
+    logits = yield Logits(adapter, concat([batch, batch]))  # [2B, T, V]: the copy gives the floor
+    return judge(logits[: batch.size], repeat_floor(logits, batch.size, where))
 
 
 def shape_change_outcome(

@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases")
     audit.add_argument("--profile", choices=["dev", "ci", "thorough"], help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)")
     audit.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN")
+    audit.add_argument(
+        "--one-case-per-forward",
+        action="store_true",
+        help="never stack the forwards of several cases (by default they share forwards once padding/batch_composition passes)",
+    )
     audit.add_argument("--probes", help="comma-separated long-context probes to run after the suites, with their defaults (needle, lost-in-the-middle)")
     audit.add_argument("--json", dest="json_path", help="write the JSON report here (updated after every suite)")
     audit.add_argument(
@@ -288,6 +293,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                     report_dir=report_dir,
                     bundle_dir=bundle_dir,
                     tolerance_overrides=config.get("tolerance"),
+                    batch_cases=not args.one_case_per_forward,
                 )
             except (SpecError, UnknownSuiteError, ValueError) as exc:
                 message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)

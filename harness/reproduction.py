@@ -207,7 +207,7 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
     for failure in failures:
         before = set(recorder.tensors)
         if failure.check in checks:
-            checks[failure.check].evaluate(failure.case)
+            checks[failure.check].outcome(failure.case)
         records.append(
             {
                 "check": failure.check,
@@ -429,6 +429,6 @@ def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) 
     checks = {c.name: c for c in suite.checks(adapter, context) if hasattr(c, "evaluate")}
     if record["check"] not in checks:
         raise BundleError(f"suite {data['suite']} has no check {record['check']!r} for {adapter.spec}")
-    outcome = checks[record["check"]].evaluate(case)
+    outcome = checks[record["check"]].outcome(case)
     message = outcome.message or f"max |d log p| = {outcome.max_diff:.3g} <= threshold {outcome.threshold:.3g}"
     return ReplayResult(data["suite"], record["check"], outcome.status, message, recorded_message, adapter.spec, note, outcome)

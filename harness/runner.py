@@ -28,6 +28,7 @@ from .verdict import FAILING, CheckResult, SuiteResult, worst
 SCHEMA_VERSION = 1
 
 #: called as progress("start", suite name, result so far) before each suite,
+#: progress("gate", "padding/batch_composition", result) before the check that decides batching runs,
 #: progress("case", "suite/check done/planned", result so far) after each case, and
 #: progress("done", suite name, result so far) after the suite
 ProgressCallback = Callable[[str, str, "AuditResult"], None]
@@ -120,6 +121,7 @@ def audit(
     disabled_conventions: Sequence[str] = (),
     probes: Sequence[str] = (),
     progress: ProgressCallback | None = None,
+    batch_cases: bool = True,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
 
@@ -132,6 +134,8 @@ def audit(
     except those named in ``disabled_conventions``.
     ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
     their grids and pictures go to ``report_dir`` when one is given.
+    ``batch_cases``: cases of a check share forwards once the model's rows are shown not to
+    read each other (:func:`batching_gate`); ``False`` gives every case its own forwards.
 
     Raises :class:`maskcheck.harness.specs.SpecError` when the model cannot be loaded and
     :class:`maskcheck.harness.registry.UnknownSuiteError` for an unknown suite name.
@@ -155,6 +159,21 @@ def audit(
     )
     result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded])
     result.environment["float32_reference_error"] = reference_error
+    decided: dict[tuple[str, str], tuple] = {}
+    if not batch_cases:
+        result.environment["batching"] = "off: every case has forwards of its own (batch_cases=False)"
+    elif "padding" not in names:
+        result.environment["batching"] = "off: the padding suite, whose batch_composition check must pass before cases share forwards, is not in this run"
+    else:
+        def on_gate_case(check: str, done: int, planned: int) -> None:
+            if progress:
+                progress("case", f"padding/{check} {done}/{planned} (run first: it decides whether cases share forwards)", result)
+
+        if progress:
+            progress("gate", "padding/batch_composition", result)  # a report on disk before any forward
+        gate_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_gate_case)
+        context.batch_cases, result.environment["batching"], decided = batching_gate(adapter, gate_context)
+    context.decided = decided
     for name, suite in loaded:
         if progress:
             progress("start", name, result)
@@ -190,6 +209,30 @@ def _probe(name: str, adapter: Adapter, seed: int, report_dir: str | Path | None
     return probe.to_dict()
 
 
+def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dict[tuple[str, str], tuple]]:
+    """Whether cases may share forwards, the report's line on it, and the check run to decide.
+
+    Stacking rows of several cases in one forward is sound only for a model whose rows do
+    not read each other, whatever the other rows hold and however wide the batch is padded:
+    what the padding suite's ``batch_composition`` check measures. It runs first, alone (its
+    cases one forward each); the padding suite later reports this same result instead of
+    running it again."""
+    if not adapter.capabilities.takes_attention_mask:
+        return False, "off: the model takes no attention mask, so batch_composition, which must pass before cases share forwards, cannot run; every case has forwards of its own", {}
+    from ..suites.padding import PaddingSuite
+
+    check = next(c for c in PaddingSuite().checks(adapter, context) if isinstance(c, Check) and c.name == "batch_composition")
+    try:
+        outcome = run_check(check, context)
+    except Exception as exc:
+        outcome = (CheckResult(check.name, "error", _describe(exc)), 0, None)
+    status = outcome[0].status
+    decided = {("padding", check.name): outcome}
+    if status == "pass":
+        return True, f"on: cases of a check share forwards (padding/batch_composition passed on {outcome[1]} cases)", decided
+    return False, f"off: padding/batch_composition did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own", decided
+
+
 def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     started = time.perf_counter()
     result = SuiteResult(suite.name)
@@ -209,7 +252,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         elif context.deadline is not None and time.monotonic() > context.deadline:
             result.checks.append(CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check"))
         else:
-            result.checks.append(_run_one(check, context, result, failures))
+            result.checks.append(_run_one(check, context, result, failures, suite.name))
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
@@ -244,9 +287,9 @@ def _draw(suite: Any, adapter: Adapter, context: RunContext, failed: bool) -> st
         return None
 
 
-def _run_one(check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck]) -> CheckResult:
+def _run_one(check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck], suite: str = "") -> CheckResult:
     try:
-        check_result, cases, failure = run_check(check, context)
+        check_result, cases, failure = context.decided.get((suite, check.name)) or run_check(check, context)
     except Exception as exc:
         return CheckResult(check.name, "error", _describe(exc))
     result.cases += cases

@@ -22,6 +22,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from .adapters.base import Adapter, AdapterError, Capabilities
+from .batching import run_alone, run_together
 from .profiles import profile_settings
 from .tolerance import Tolerance
 from .verdict import SEVERITY, CheckResult
@@ -39,6 +40,11 @@ class RunContext:
     profile: str = "dev"
     deadline: float | None = None  # time.monotonic() after which no new case starts
     on_case: Callable[[str, int, int], None] | None = None  # (check, cases done, cases planned), for a progress display
+    # Cases of one example share forwards (harness/batching.py); the runner sets it once the
+    # model's rows were shown not to read each other.
+    batch_cases: bool = False
+    # (suite, check) -> run_check's answer, for a check run before its suite (the batching gate)
+    decided: dict[tuple[str, str], tuple] = field(default_factory=dict)
     # Hypothesis's examples per strategy object, kept from a check that passed, for the
     # next check given the same strategy (see Check).
     drawn: dict[tuple[int, int, int], "DrawnCases"] = field(default_factory=dict)
@@ -79,10 +85,17 @@ class Check:
     """
 
     name: str
-    evaluate: Callable[[Any], Outcome]
+    evaluate: Callable[[Any], Any]  # an Outcome, or an evaluation that asks for logits (harness.batching)
     strategy: st.SearchStrategy[Any]
     # The most examples worth drawing; a check with a small case space says so.
     max_examples: int | None = None
+    # False for a check whose cases must each have their forwards to themselves (the one
+    # that measures whether rows of a batch read each other).
+    batchable: bool = True
+
+    def outcome(self, case: Any) -> Outcome:
+        """The outcome of one case, each forward it asks for run on its own."""
+        return run_alone(self.evaluate(case))
 
 
 @dataclass
@@ -186,7 +199,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     outcomes: dict[Any, Outcome] = {}
 
     def evaluate_all(cases: list[Any]) -> None:
-        nonlocal evaluated
+        if context.batch_cases and check.batchable:
+            evaluate_together(cases)
         for case in cases:
             key = _memo_key(case)
             outcome = outcomes.get(key)
@@ -194,15 +208,37 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
                 if context.deadline is not None and time.monotonic() > context.deadline:
                     raise TimeLimitReached
                 with torch.inference_mode():  # the harness's own tensor work needs no autograd either
-                    outcome = outcomes[key] = check.evaluate(case)
-                evaluated += 1
-                if context.on_case is not None:
-                    context.on_case(check.name, evaluated, planned)
-                rank = (SEVERITY[outcome.status], outcome.ratio)
-                if not worst_seen or rank > worst_seen["rank"]:
-                    worst_seen.update(rank=rank, case=case, outcome=outcome)
+                    outcome = outcomes[key] = check.outcome(case)
+                record(case, outcome)
             if outcome.status == "fail":
                 raise CaseFailed(case, outcome)
+
+    def evaluate_together(cases: list[Any]) -> None:
+        """Evaluate the cases not in the memo in lockstep, their forwards stacked; what one
+        of them raises is raised when its turn comes, as evaluating them in order would."""
+        fresh = list({key: case for case in cases if (key := _memo_key(case)) not in outcomes}.items())
+        if len(fresh) < 2:
+            return
+        if context.deadline is not None and time.monotonic() > context.deadline:
+            raise TimeLimitReached
+        with torch.inference_mode():
+            results = run_together([check.evaluate(case) for _, case in fresh])
+        for (key, case), result in zip(fresh, results):
+            if isinstance(result, BaseException):
+                break  # evaluated again in order, where it raises
+            outcomes[key] = result
+            record(case, result)
+            if result.status == "fail":
+                break
+
+    def record(case: Any, outcome: Outcome) -> None:
+        nonlocal evaluated
+        evaluated += 1
+        if context.on_case is not None:
+            context.on_case(check.name, evaluated, planned)
+        rank = (SEVERITY[outcome.status], outcome.ratio)
+        if not worst_seen or rank > worst_seen["rank"]:
+            worst_seen.update(rank=rank, case=case, outcome=outcome)
 
     examples, per_example = split_examples(context.examples, check.max_examples)
     planned = (examples - 1) * per_example + 1  # the first example is the minimal case alone
@@ -232,8 +268,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
             context.drawn[key] = DrawnCases(check.strategy, generated)
         else:
             try:
-                for cases in shared.examples:
-                    evaluate_all(cases)
+                # Replayed examples are all known: their cases can share forwards across examples.
+                evaluate_all([case for cases in shared.examples for case in cases])
             except CaseFailed as failure:
                 replayed = failure
                 search()  # draws the same examples again and shrinks the failure

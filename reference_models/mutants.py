@@ -91,6 +91,15 @@ class PolarityInverted(Stack):
         return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, key_padding=~padding, batch=batch)
 
 
+class PaddingOfLastRow(Stack):
+    """Every row gets the padding mask of the batch's last row (a ``[1, T]`` mask broadcast
+    where ``[B, T]`` was meant): a row's outputs depend on what else is in its batch."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        last = padding[-1:].expand_as(padding)  # [B, T]: the last row's real slots, for every row
+        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, key_padding=last, batch=batch)
+
+
 # -- cross-attention --------------------------------------------------------------------------
 
 
@@ -373,6 +382,7 @@ MUTANTS: dict[str, Mutant] = {
         _hf("hf_llama_causal_leak_when_padded", "causal", "future_tokens", "Llama whose mask builder lets each position read the next token only when a row is padded (no mask is built otherwise)", "llama", _leak_next_when_padded),
         _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
         _ref("padding_polarity_inverted", "padding", "pad_ids", ENCODER, encoder=PolarityInverted),
+        _ref("padding_mask_of_last_row", "padding", "batch_composition", DECODER, decoder=PaddingOfLastRow),
         _hf("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", "llama", _drop_padding),
         _ref("cross_attention_unmasked", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossUnmasked),
         _ref("cross_attention_inverted", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossInverted),

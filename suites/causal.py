@@ -19,6 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.batching import Evaluation
 from ..harness.cases import (
     pad_rows,
     pad_token,
@@ -137,7 +138,7 @@ class CausalSuite(Suite):
 
     # -- future_tokens ----------------------------------------------------------------------
 
-    def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:
+    def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Evaluation:
         caps = adapter.capabilities
         pad = pad_token(adapter)
         real = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad)  # [B, length]
@@ -162,7 +163,7 @@ class CausalSuite(Suite):
             base, test = Batch(ids, row_mask, positions), Batch(perturbed, row_mask, positions)
         padded = f" in {case.side}-padded rows" if case.padding else ""
         what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut}{padded} changed logits at positions <= {case.cut}"
-        return same_shape_outcome(adapter, context, base, test, protected, what)
+        return (yield from same_shape_outcome(adapter, context, base, test, protected, what))
 
     # -- declared_pattern -------------------------------------------------------------------
 

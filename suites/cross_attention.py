@@ -15,17 +15,17 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.batching import Evaluation, Logits
 from ..harness.cases import (
     aligned_outcome,
-    concat,
     left_padding_caveat,
     pad_rows,
     pad_token,
     perturb,
     random_ids,
     random_rows,
-    repeat_floor,
     same_shape_outcome,
+    with_floor,
 )
 from ..harness.influence import measure_influence
 from ..harness.strategies import case_strategy
@@ -94,22 +94,22 @@ class CrossAttentionSuite(Suite):
         device = adapter.capabilities.device
         return Batch(ids.to(device), mask.to(device), decoder_input_ids=target, decoder_attention_mask=torch.ones_like(target))
 
-    def source_pad_ids(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Outcome:
+    def source_pad_ids(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Evaluation:
         sources, target = self._parts(adapter, case)
         base = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
         perturbed_source = perturb(base.input_ids, base.attention_mask == 0, adapter.capabilities.vocab_size, case.seed)
         perturbed = Batch(perturbed_source, base.attention_mask, decoder_input_ids=target, decoder_attention_mask=base.decoder_attention_mask)
         what = f"changing the ids at {case.side}-padded source slots changed decoder logits"
-        return same_shape_outcome(adapter, context, base, perturbed, torch.ones_like(target, dtype=torch.bool), what)
+        return (yield from same_shape_outcome(adapter, context, base, perturbed, torch.ones_like(target, dtype=torch.bool), what))
 
-    def source_padding_amount(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Outcome:
+    def source_padding_amount(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Evaluation:
         sources, target = self._parts(adapter, case)
         padded = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
-        logits = adapter.logits(concat([padded, padded]))  # [2B, T, V]
-        floor = repeat_floor(logits, padded.size, torch.ones_like(target, dtype=torch.bool))
-        pairs = []
-        for i, source in enumerate(sources):
-            alone = adapter.logits(self._batch(adapter, [source], source.numel(), case.side, target[i : i + 1]))
-            pairs.append((alone[0], logits[i], i))
-        outcome = aligned_outcome(context, pairs, floor, f"decoder logits differ between a {case.side}-padded and an unpadded source")
-        return left_padding_caveat(outcome, adapter.capabilities, case.side)
+        alone = yield [Logits(adapter, self._batch(adapter, [source], source.numel(), case.side, target[i : i + 1])) for i, source in enumerate(sources)]  # [1, T, V] each
+
+        def judge(logits: torch.Tensor, floor: float) -> Outcome:
+            pairs = [(alone[i][0], logits[i], i) for i in range(len(sources))]
+            outcome = aligned_outcome(context, pairs, floor, f"decoder logits differ between a {case.side}-padded and an unpadded source")
+            return left_padding_caveat(outcome, adapter.capabilities, case.side)
+
+        return (yield from with_floor(adapter, padded, torch.ones_like(target, dtype=torch.bool), judge))

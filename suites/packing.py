@@ -32,16 +32,16 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.batching import Evaluation, Logits, run_alone
 from ..harness.cases import (
     aligned_outcome,
-    concat,
     pad_rows,
     pad_token,
     perturb,
     positions_for,
     random_rows,
-    repeat_floor,
     same_shape_outcome,
+    with_floor,
 )
 from ..harness.strategies import case_strategy
 from ..harness.suite import Check, Outcome, RunContext, Suite
@@ -109,7 +109,7 @@ def with_ids(batch: Batch, ids: Tensor) -> Batch:
     return Batch(ids, batch.attention_mask, batch.position_ids, batch.segment_ids)
 
 
-def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -> Evaluation:
     packed = pack(adapter, case)
     changed = case.changed % len(packed.rows)
     inside = torch.zeros_like(packed.batch.input_ids, dtype=torch.bool)
@@ -121,7 +121,7 @@ def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -
     caps = adapter.capabilities
     perturbed = with_ids(packed.batch, perturb(packed.batch.input_ids, inside, caps.vocab_size, case.seed, pad_token(adapter)))
     what = f"changing packed sequence {changed} of lengths {list(case.segment_lengths)} changed the logits of another sequence"
-    return same_shape_outcome(adapter, context, packed.batch, perturbed, others, what)
+    return (yield from same_shape_outcome(adapter, context, packed.batch, perturbed, others, what))
 
 
 NO_PACKING_INPUT = "it takes neither segment ids nor position ids that restart per sequence"
@@ -130,10 +130,10 @@ POSITIONS_DO_NOT_ISOLATE = (
 )
 
 
-def unisolated(adapter: Adapter, context: RunContext, case: PackedCase, why: str = NO_PACKING_INPUT) -> Outcome:
+def unisolated(adapter: Adapter, context: RunContext, case: PackedCase, why: str = NO_PACKING_INPUT) -> Evaluation:
     """Packing a model that has no packing input: a leak is a ``warn`` (nothing it takes can
     isolate the sequences, so it is a property of the model, not a broken path)."""
-    outcome = segment_isolation(adapter, context, case)
+    outcome = yield from segment_isolation(adapter, context, case)
     if outcome.status == "fail":
         outcome.status = "warn"
         outcome.message = f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences ({why})"
@@ -153,34 +153,36 @@ def isolates_by_positions(adapter: Adapter, context: RunContext) -> bool:
     sequence the first one reaches. A model whose leak is the same with and without them
     has no path to fail (a broken path leaks at fewer positions, or none)."""
     case = PackedCase(segment_lengths=(3, 3), changed=0, padding=0, seed=context.seed)
-    with_positions = segment_isolation(adapter, context, case)
+    with_positions = run_alone(segment_isolation(adapter, context, case))
     if with_positions.status != "fail":
         return True
-    plain = segment_isolation(without_packing_input(adapter), context, case)
+    plain = run_alone(segment_isolation(without_packing_input(adapter), context, case))
     return not (plain.status == "fail" and plain.positions == with_positions.positions)
 
 
-def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Evaluation:
     packed = pack(adapter, case)
-    logits = adapter.logits(concat([packed.batch, packed.batch]))  # [2, T, V]: the copy gives the floor
-    floor = repeat_floor(logits, 1, packed.real())
-    pairs = []
-    for i, row in enumerate(packed.rows):
-        alone = adapter.logits(Batch(row[None].to(adapter.capabilities.device)))  # [1, n, V]
-        pairs.append((alone[0], logits[0, packed.span(i)], i))
-    return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone", "sequence")
+    alone = yield [Logits(adapter, Batch(row[None].to(adapter.capabilities.device))) for row in packed.rows]  # [1, n, V] each
+
+    def judge(logits: Tensor, floor: float) -> Outcome:
+        pairs = [(alone[i][0], logits[0, packed.span(i)], i) for i in range(len(packed.rows))]
+        return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone", "sequence")
+
+    return (yield from with_floor(adapter, packed.batch, packed.real(), judge))
 
 
-def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) -> Evaluation:
     packed = pack(adapter, case)
-    logits = adapter.logits(concat([packed.batch, packed.batch]))  # [2, T, V]: the copy gives the floor
-    floor = repeat_floor(logits, 1, packed.real())
     ids, mask = pad_rows(packed.rows, max(case.segment_lengths), "right", pad_token(adapter))
     device = adapter.capabilities.device
     ids, mask = ids.to(device), mask.to(device)
-    padded = adapter.logits(Batch(ids, mask, positions_for(adapter, mask)))  # [S, L, V]
-    pairs = [(padded[i, : row.numel()], logits[0, packed.span(i)], i) for i, row in enumerate(packed.rows)]
-    return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch", "sequence")
+    padded = yield Logits(adapter, Batch(ids, mask, positions_for(adapter, mask)))  # [S, L, V]
+
+    def judge(logits: Tensor, floor: float) -> Outcome:
+        pairs = [(padded[i, : row.numel()], logits[0, packed.span(i)], i) for i, row in enumerate(packed.rows)]
+        return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch", "sequence")
+
+    return (yield from with_floor(adapter, packed.batch, packed.real(), judge))
 
 
 class PackingSuite(Suite):
@@ -212,11 +214,11 @@ class PackingSuite(Suite):
             checks.append(Check("settings", lambda c: self.settings(settings, context, c), strategy, max_examples=3))
         return checks
 
-    def settings(self, settings: list, context: RunContext, case: PackedCase) -> Outcome:
+    def settings(self, settings: list, context: RunContext, case: PackedCase) -> Evaluation:
         """Run the isolation and alone checks under every setting; name the ones that leak."""
         safe, leaks, worst = [], [], Outcome("pass")
         for setting, adapter in settings:
-            outcomes = [segment_isolation(adapter, context, case), segments_alone(adapter, context, case)]
+            outcomes = [(yield from segment_isolation(adapter, context, case)), (yield from segments_alone(adapter, context, case))]
             bad = [o for o in outcomes if o.status == "fail"]
             if bad:
                 leaks.append(f"{setting.inputs} ({bad[0].message})")

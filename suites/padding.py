@@ -23,17 +23,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
+from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Capabilities
+from ..harness.batching import Evaluation, Logits
 from ..harness.cases import (
     RowBatches,
     aligned_outcome,
-    concat,
     left_padding_caveat,
     perturb,
     real_logits,
-    repeat_floor,
     same_shape_outcome,
+    with_floor,
     without_positional_caveat,
 )
 from ..harness.influence import expected_pattern, measure_influence
@@ -107,7 +108,8 @@ class PaddingSuite(Suite):
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),
             Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded),
-            Check("batch_composition", lambda c: self.batch_composition(batches, context, c), composition_cases(longest)),
+            # Its cases keep their forwards to themselves: it decides whether other checks may stack theirs.
+            Check("batch_composition", lambda c: self.batch_composition(batches, context, c), composition_cases(longest), batchable=False),
         ]
         if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
             checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded, max_examples=3))
@@ -125,71 +127,75 @@ class PaddingSuite(Suite):
         expected = expected_pattern(length, pattern, b.caps.window, b.caps.n_layers) & real[None, :] & real[:, None]
         return influence, expected
 
-    def pad_ids(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def pad_ids(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
         length = max(case.lengths) + case.extra
         base = b.batch(b.rows(case.lengths, case.seed), length, case.side)
         ids, mask = base.predicted_ids, base.predicted_mask
         assert mask is not None
         perturbed = b.with_ids(base, perturb(ids, mask == 0, b.caps.vocab_size, case.seed))
         what = f"changing the ids at {case.side}-padded slots changed real logits"
-        return same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what)
+        return (yield from same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what))
 
-    def padded_vs_unpadded(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
+    def padded_vs_unpadded(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
         rows = b.rows(case.lengths, case.seed)
-        length = max(case.lengths) + case.extra
-        padded = b.batch(rows, length, case.side)
+        padded = b.batch(rows, max(case.lengths) + case.extra, case.side)
         mask = padded.predicted_mask
-        logits = b.adapter.logits(concat([padded, padded]))  # [2B, T, V]; the copy gives the floor
-        floor = repeat_floor(logits, padded.size, mask.bool())
-        pairs = []
-        for i, row in enumerate(rows):
-            alone = b.adapter.logits(b.batch([row], row.numel(), case.side, first_row=i))  # [1, n, V]
-            pairs.append((alone[0], real_logits(logits, mask, i), i))
-        outcome = aligned_outcome(context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded")
-        return left_padding_caveat(outcome, b.caps, case.side)
+        alone = yield [Logits(b.adapter, b.batch([row], row.numel(), case.side, first_row=i)) for i, row in enumerate(rows)]  # [1, n, V] each
 
-    def extra_padding(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        def judge(logits: Tensor, floor: float) -> Outcome:
+            pairs = [(alone[i][0], real_logits(logits, mask, i), i) for i in range(len(rows))]
+            outcome = aligned_outcome(context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded")
+            return left_padding_caveat(outcome, b.caps, case.side)
+
+        return (yield from with_floor(b.adapter, padded, mask.bool(), judge))
+
+    def extra_padding(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
         rows = b.rows(case.lengths, case.seed)
         shortest = max(case.lengths)
         base = b.batch(rows, shortest, case.side)
         wider = b.batch(rows, shortest + case.extra, case.side)
-        logits = b.adapter.logits(concat([wider, wider]))  # [2B, T + extra, V]
-        floor = repeat_floor(logits, wider.size, wider.predicted_mask.bool())
-        reference = b.adapter.logits(base)
-        pairs = [(real_logits(reference, base.predicted_mask, i), real_logits(logits, wider.predicted_mask, i), i) for i in range(len(rows))]
-        outcome = aligned_outcome(context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits")
-        return left_padding_caveat(outcome, b.caps, case.side)
+        reference = yield Logits(b.adapter, base)  # [B, T, V]
 
-    def batch_composition(self, b: RowBatches, context: RunContext, case: CompositionCase) -> Outcome:
+        def judge(logits: Tensor, floor: float) -> Outcome:
+            pairs = [(real_logits(reference, base.predicted_mask, i), real_logits(logits, wider.predicted_mask, i), i) for i in range(len(rows))]
+            outcome = aligned_outcome(context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits")
+            return left_padding_caveat(outcome, b.caps, case.side)
+
+        return (yield from with_floor(b.adapter, wider, wider.predicted_mask.bool(), judge))
+
+    def batch_composition(self, b: RowBatches, context: RunContext, case: CompositionCase) -> Evaluation:
         row = b.rows((case.length,), case.seed)[0]
         others_a = b.rows(case.others_a, case.seed + 1)
         others_b = b.rows(case.others_b, case.seed + 2)
         batch_a = b.batch([row, *others_a], max((case.length, *case.others_a)), case.side)
         batch_b = b.batch([row, *others_b], max((case.length, *case.others_b)), case.side)
-        logits_a = b.adapter.logits(batch_a)
-        logits_b = b.adapter.logits(concat([batch_b, batch_b]))
-        floor = repeat_floor(logits_b, batch_b.size, batch_b.predicted_mask.bool())
-        pairs = [(real_logits(logits_a, batch_a.predicted_mask, 0), real_logits(logits_b, batch_b.predicted_mask, 0), 0)]
+        logits_a = yield Logits(b.adapter, batch_a)
         what = f"row 0 changed when the other rows changed from lengths {list(case.others_a)} to {list(case.others_b)} ({case.side} padding)"
-        return left_padding_caveat(aligned_outcome(context, pairs, floor, what), b.caps, case.side)
 
-    def positions_from_mask(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        def judge(logits_b: Tensor, floor: float) -> Outcome:
+            pairs = [(real_logits(logits_a, batch_a.predicted_mask, 0), real_logits(logits_b, batch_b.predicted_mask, 0), 0)]
+            return left_padding_caveat(aligned_outcome(context, pairs, floor, what), b.caps, case.side)
+
+        return (yield from with_floor(b.adapter, batch_b, batch_b.predicted_mask.bool(), judge))
+
+    def positions_from_mask(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
         rows = b.rows(case.lengths, case.seed)
         length = max(case.lengths) + case.extra
         with_positions = b.batch(rows, length, "left")
         without = b.batch(rows, length, "left", with_positions=False)
         mask = with_positions.predicted_mask
-        logits = b.adapter.logits(concat([with_positions, with_positions]))
-        size = with_positions.size
-        floor = repeat_floor(logits, size, mask.bool())
-        logits_without = b.adapter.logits(without)
-        pairs = [(real_logits(logits, mask, i), real_logits(logits_without, mask, i), i) for i in range(size)]
-        outcome = aligned_outcome(context, pairs, floor, "left padding without position_ids")
-        if outcome.status == "fail":
-            outcome.status = "warn"
-            outcome.message = (
-                "the model does not derive positions from attention_mask: with left padding, pass "
-                "position_ids = attention_mask.cumsum(-1) - 1 (as generate() does), or real tokens get shifted positions. "
-                + outcome.message
-            )
-        return outcome
+        logits_without = yield Logits(b.adapter, without)
+
+        def judge(logits: Tensor, floor: float) -> Outcome:
+            pairs = [(real_logits(logits, mask, i), real_logits(logits_without, mask, i), i) for i in range(with_positions.size)]
+            outcome = aligned_outcome(context, pairs, floor, "left padding without position_ids")
+            if outcome.status == "fail":
+                outcome.status = "warn"
+                outcome.message = (
+                    "the model does not derive positions from attention_mask: with left padding, pass "
+                    "position_ids = attention_mask.cumsum(-1) - 1 (as generate() does), or real tokens get shifted positions. "
+                    + outcome.message
+                )
+            return outcome
+
+        return (yield from with_floor(b.adapter, with_positions, mask.bool(), judge))

@@ -72,6 +72,9 @@ def test_failures_shrink_to_a_minimal_case(name: str) -> None:
     if "new_tokens" in case:  # greedy generation: two rows (the fewest that need padding) and one decoding step
         assert len(case["prompt_lengths"]) == 2 and max(case["prompt_lengths"]) + case["new_tokens"] <= 4, case
         return
+    if "others_a" in case:  # batch composition: a short row beside one other row, or none
+        assert len(case["others_a"]) + len(case["others_b"]) == 1 and case["length"] <= 4, case
+        return
     if "prompt_lengths" in case:  # kv_cache: a prompt and the chunks fed after it
         rows, tokens = len(case["prompt_lengths"]), max(case["prompt_lengths"]) + sum(case.get("chunks", ()))
     else:

@@ -1,0 +1,323 @@
+"""Several cases' forwards in one: checks written as generators that ask for logits.
+
+A check's ``evaluate`` may return its :class:`Outcome` at once, or an *evaluation*: a
+generator that yields :class:`Logits` requests, receives each request's logits
+``[B, T, V]`` and returns the outcome::
+
+    logits = yield Logits(adapter, batch)
+    alone, padded = yield [Logits(adapter, a), Logits(adapter, b)]  # forwards that do not wait on each other
+
+:func:`run_alone` answers each request with its own forward, in the order asked: what a
+plain function calling ``adapter.logits`` did. :func:`run_together` drives the evaluations
+of several cases in lockstep: each round, every evaluation still running has asked for one
+forward; requests that fit one forward are stacked along the batch dimension (a request's
+rows stay together and in order), run once, and each gets its own rows back. On a CPU a
+forward of a 124M model costs about as much as 16 more tokens (docs/performance.md), on a
+GPU far more, so fewer and larger forwards are cheaper for the same rows.
+
+Stacking rows of different cases is sound only for a model whose rows do not read each
+other, which the padding suite's ``batch_composition`` check measures; the runner runs it
+first and drives cases together only when it passed (harness/runner.py). Whatever the
+model, a request keeps the attention path it asked for: rows without a mask, rows with a
+mask of ones (some attention backends drop such a mask) and padded rows are never stacked
+with each other, and padded rows only with rows padded on the same side. Those may be
+widened by padding columns on that side (mask 0, the pad id): ``batch_composition`` and
+``extra_padding`` are what shows a model ignores them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .adapters.base import Adapter, Batch
+
+#: A forward's fixed cost in tokens of per-token cost: measured on this project's 2-core
+#: CPU with one thread, a 124M GPT-2 forward costs about 55 ms plus 3.3 ms a token, so
+#: padding up to 16 tokens into another forward costs less than a forward of its own.
+FORWARD_COST_TOKENS = 16
+#: The most logits one stacked forward may return (rows x length x vocabulary): 256 MiB in float32.
+MAX_LOGITS = 2**26
+
+
+@dataclass(frozen=True)
+class Logits:
+    """A request for ``adapter.logits(batch)`` ``[B, T, V]``."""
+
+    adapter: Adapter
+    batch: Batch
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """A request for greedy decoding of ``batch`` with the model's cache, ``new_tokens`` steps
+    of one token: the chosen tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``.
+    Requests of the same shape and mask share one decoding (no widening: a cache's padded
+    path is not what ``batch_composition`` measured)."""
+
+    adapter: Adapter
+    batch: Batch
+    new_tokens: int
+
+
+def greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:
+    """Greedy decoding with the cache: the chosen tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``."""
+    logits, state = adapter.prefill(batch)
+    last = logits[:, -1]  # [B, V]: left padding puts every row's last real token in the last column
+    tokens, chosen_from = [], []
+    for step in range(new_tokens):
+        token = last.argmax(-1, keepdim=True)  # [B, 1]
+        tokens.append(token)
+        chosen_from.append(last)
+        if step + 1 < new_tokens:
+            logits, state = adapter.step(state, token)
+            last = logits[:, -1]
+    return torch.cat(tokens, dim=1), torch.stack(chosen_from, dim=1)
+
+
+Request = Union[Logits, Greedy, list[Logits]]
+Evaluation = Generator[Request, Any, Any]
+Result = Union[Any, BaseException]  # an evaluation's outcome, or what it raised
+
+
+def run_alone(evaluation: Any) -> Any:
+    """The outcome of one evaluation (or a plain outcome, returned as it is), one forward per request."""
+    if not isinstance(evaluation, Generator):
+        return evaluation
+    reply: Any = None
+    while True:
+        try:
+            request = evaluation.throw(reply) if isinstance(reply, BaseException) else evaluation.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        asked = request if isinstance(request, list) else [request]
+        answers = [_forward(r) for r in asked]
+        reply = _reply(request, answers)
+
+
+def _reply(request: Request, answers: list[Tensor | BaseException]) -> Any:
+    """What the evaluation receives: the logits (a list for a list request), or the first
+    exception, raised where it asked, as ``adapter.logits`` would have raised it."""
+    failed = next((a for a in answers if isinstance(a, BaseException)), None)
+    if failed is not None:
+        return failed
+    return answers if isinstance(request, list) else answers[0]
+
+
+def run_together(evaluations: Sequence[Any], on_done: Callable[[int], None] | None = None) -> list[Result]:
+    """Drive evaluations in lockstep, stacking their requests into as few forwards as fit.
+
+    Returns, per evaluation, its outcome or the exception it raised; ``on_done(i)`` is called
+    as evaluation ``i`` finishes (a progress display)."""
+    results: list[Result] = [None] * len(evaluations)
+    waiting: dict[int, Request] = {}
+
+    def finish(i: int, result: Result) -> None:
+        waiting.pop(i, None)
+        results[i] = result
+        if on_done is not None:
+            on_done(i)
+
+    def advance(i: int, reply: Any) -> None:
+        evaluation = evaluations[i]
+        try:
+            waiting[i] = evaluation.throw(reply) if isinstance(reply, BaseException) else evaluation.send(reply)
+        except StopIteration as stop:
+            finish(i, stop.value)
+        except Exception as exc:  # the case's own error; the others go on
+            finish(i, exc)
+
+    for i, evaluation in enumerate(evaluations):
+        if isinstance(evaluation, Generator):
+            advance(i, None)
+        else:
+            finish(i, evaluation)
+    while waiting:
+        flat = {(i, j): r for i, request in waiting.items() for j, r in enumerate(request if isinstance(request, list) else [request])}
+        answers = answer(flat)
+        for i, request in list(waiting.items()):
+            count = len(request) if isinstance(request, list) else 1
+            advance(i, _reply(request, [answers[(i, j)] for j in range(count)]))
+    return results
+
+
+def answer(requests: dict[Any, Logits | Greedy]) -> dict[Any, Any]:
+    """Each request's reply (or the exception its forward raised), from stacked forwards."""
+    replies: dict[Any, Any] = {}
+    decodings = {key: r for key, r in requests.items() if isinstance(r, Greedy)}
+    for group in _same_shape(decodings):
+        replies.update(_decode_together([(key, decodings[key]) for key in group]))
+    forwards = {key: r for key, r in requests.items() if isinstance(r, Logits)}
+    for group in plan(forwards):
+        if len(group) == 1:
+            replies[group[0]] = _forward(forwards[group[0]])
+            continue
+        asked = [forwards[i] for i in group]
+        length = max(r.batch.predicted_ids.shape[1] for r in asked)
+        side = _padded_side(asked[0].batch)
+        try:
+            logits = asked[0].adapter.logits(_stack([widen(r.batch, length, side, r.adapter) for r in asked]))  # [sum B, length, V]
+        except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
+            for i in group:
+                replies[i] = _forward(forwards[i])
+            continue
+        start = 0
+        for i, request in zip(group, asked):
+            rows, own = request.batch.size, request.batch.predicted_ids.shape[1]
+            columns = slice(length - own, length) if side == "left" else slice(0, own)
+            replies[i] = logits[start : start + rows, columns]  # [B, T, V] of this request
+            start += rows
+    return replies
+
+
+def _same_shape(requests: dict[Any, Greedy]) -> list[list[Any]]:
+    groups: dict[tuple, list[Any]] = {}
+    for key, request in requests.items():
+        batch = request.batch
+        shape = tuple(None if v is None else tuple(v.shape) for v in (getattr(batch, name) for name in _FIELDS))
+        kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))
+        groups.setdefault((id(request.adapter), shape, kinds), []).append(key)
+    return list(groups.values())
+
+
+def _decode_together(asked: list[tuple[Any, Greedy]]) -> dict[Any, Any]:
+    """One greedy decoding of the stacked batches, as long as the longest asks; each request
+    gets its rows and its first steps."""
+    if len(asked) == 1:
+        return {asked[0][0]: _forward(asked[0][1])}
+    steps = max(r.new_tokens for _, r in asked)
+    try:
+        tokens, logits = greedy(asked[0][1].adapter, _stack([r.batch for _, r in asked]), steps)  # [sum B, n], [sum B, n, V]
+    except Exception:
+        return {key: _forward(r) for key, r in asked}
+    replies, start = {}, 0
+    for key, request in asked:
+        rows = slice(start, start + request.batch.size)
+        replies[key] = (tokens[rows, : request.new_tokens], logits[rows, : request.new_tokens])
+        start += request.batch.size
+    return replies
+
+
+def _forward(request: Logits | Greedy) -> Any:
+    try:
+        if isinstance(request, Greedy):
+            return greedy(request.adapter, request.batch, request.new_tokens)
+        return request.adapter.logits(request.batch)
+    except Exception as exc:
+        return exc
+
+
+def plan(requests: dict[Any, Logits]) -> list[list[Any]]:
+    """Groups of requests to run as one forward each.
+
+    Requests stack when they have the same adapter, the same inputs and the same kind of
+    mask (:func:`_stack_key`); of those, exact lengths stack, and requests padded on one
+    side also stack across lengths where the padding this adds costs less than the forwards
+    it saves (:func:`_partition`)."""
+    keyed: dict[tuple, list[Any]] = {}
+    for i, request in requests.items():
+        keyed.setdefault(_stack_key(request), []).append(i)
+    groups: list[list[Any]] = []
+    for key, members in keyed.items():
+        vocab = max(1, requests[members[0]].adapter.capabilities.vocab_size)
+        groups.extend(_partition(members, requests, vocab, exact=key[-1] is None))
+    return groups
+
+
+def _partition(members: list[Any], requests: dict[Any, Logits], vocab: int, exact: bool = False) -> list[list[Any]]:
+    """Contiguous groups of the members sorted by length, minimising ``FORWARD_COST_TOKENS``
+    per forward plus the tokens each forward computes (rows x its longest length), with at
+    most :data:`MAX_LOGITS` logits a forward; ``exact``: only equal lengths in a group."""
+    order = sorted(members, key=lambda i: requests[i].batch.predicted_ids.shape[1])  # stable: ties keep the order asked
+    length = [requests[i].batch.predicted_ids.shape[1] for i in order]
+    rows = [requests[i].batch.size for i in order]
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest cost of the first j requests
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        stacked = 0
+        for i in range(j, 0, -1):  # the last group is order[i-1 : j]
+            stacked += rows[i - 1]
+            if (exact and length[i - 1] != length[j - 1]) or (i < j and stacked * length[j - 1] * vocab > MAX_LOGITS):
+                break
+            cost = best[i - 1] + FORWARD_COST_TOKENS + stacked * length[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
+
+
+def _stack_key(request: Logits) -> tuple:
+    """Requests with equal keys may share a forward. The last element is the side a
+    decoder-only batch is padded on, where requests of other lengths may be widened to
+    stack; otherwise ``None``, and the lengths are part of the key."""
+    batch = request.batch
+    present = tuple(name for name in _FIELDS if getattr(batch, name) is not None)
+    if batch.decoder_input_ids is None:
+        kind = _mask_kind(batch.attention_mask)
+        if kind in ("left", "right"):
+            return (id(request.adapter), present, kind)
+        return (id(request.adapter), present, kind, batch.input_ids.shape[1], None)
+    kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))
+    return (id(request.adapter), present, kinds, batch.input_ids.shape[1], batch.decoder_input_ids.shape[1], None)
+
+
+def _mask_kind(mask: Tensor | None) -> str:
+    """``none`` (no mask), ``ones``, ``left`` or ``right`` (every row padded on that side
+    only, some row padded), or ``other`` (fully padded rows beside others, holes)."""
+    if mask is None:
+        return "none"
+    if bool(mask.all()):
+        return "ones"
+    steps = mask.diff(dim=1)  # [B, T - 1]
+    rising, falling = bool((steps >= 0).all()), bool((steps <= 0).all())
+    real_rows = bool(mask.any(dim=1).all())  # a row of nothing but padding fits either side
+    if rising and not falling and real_rows:
+        return "left"
+    if falling and not rising and real_rows:
+        return "right"
+    return "other"
+
+
+def _padded_side(batch: Batch) -> str | None:
+    kind = _mask_kind(batch.predicted_mask)
+    return kind if kind in ("left", "right") else None
+
+
+def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batch:
+    """``batch`` padded to ``length`` on ``side``: the pad id, mask 0, segment -1, and the
+    position id of the column beside (what a padded slot holds does not matter to a model
+    whose masks work, which is what licenses stacking)."""
+    extra = length - batch.input_ids.shape[1]
+    if extra == 0 or batch.decoder_input_ids is not None:
+        return batch
+    assert side in ("left", "right"), "only rows padded on one side are widened"
+    pad = adapter.capabilities.pad_token_id
+    fills = {"input_ids": 0 if pad is None else int(pad), "attention_mask": 0, "segment_ids": -1}
+    widened = {}
+    for name in _FIELDS:
+        value = getattr(batch, name)
+        if value is None:
+            widened[name] = None
+            continue
+        edge = value[:, :1] if side == "left" else value[:, -1:]  # [B, 1]
+        fill = edge.expand(-1, extra) if name == "position_ids" else torch.full((value.shape[0], extra), fills[name], dtype=value.dtype, device=value.device)
+        widened[name] = torch.cat([fill, value] if side == "left" else [value, fill], dim=1)  # [B, length]
+    return Batch(**widened)
+
+
+def _stack(batches: list[Batch]) -> Batch:
+    fields = {}
+    for name in _FIELDS:
+        values = [getattr(b, name) for b in batches]
+        fields[name] = None if values[0] is None else torch.cat(values, dim=0)
+    return Batch(**fields)

@@ -1,0 +1,155 @@
+"""Cases sharing forwards: what stacks, what never does, and that verdicts do not move."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from verdict_record import RECORD, record
+
+from maskcheck import audit
+from maskcheck.harness.adapters.base import Batch
+from maskcheck.harness.batching import (
+    FORWARD_COST_TOKENS,
+    Logits,
+    plan,
+    run_alone,
+    run_together,
+    widen,
+)
+from maskcheck.harness.cases import RowBatches
+from maskcheck.harness.specs import adapter_for
+from maskcheck.reference_models import PRESETS, Transformer
+from maskcheck.reference_models.mutants import build
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Any:
+    torch.manual_seed(0)
+    return adapter_for(Transformer(PRESETS["tiny-decoder"]).eval())
+
+
+def padded(adapter: Any, lengths: tuple[int, ...], length: int, side: str) -> Batch:
+    rows = RowBatches(adapter)
+    return rows.batch(rows.rows(lengths, seed=len(lengths) + length), length, side)
+
+
+def test_requests_keep_their_attention_path(decoder: Any) -> None:
+    """No mask, a mask of ones and padded rows never share a forward, nor left with right
+    padding: some backends take another path for each. Padded rows of one side stack
+    across lengths; the others only at equal lengths."""
+    ids = torch.randint(1, 50, (2, 6))
+    requests = {
+        "no mask": Logits(decoder, Batch(ids)),
+        "no mask, same length": Logits(decoder, Batch(ids.clone())),
+        "no mask, other length": Logits(decoder, Batch(ids[:, :4])),
+        "ones": Logits(decoder, Batch(ids, torch.ones_like(ids))),
+        "left 6": Logits(decoder, padded(decoder, (3, 6), 6, "left")),
+        "left 8": Logits(decoder, padded(decoder, (2, 5), 8, "left")),
+        "right 7": Logits(decoder, padded(decoder, (4,), 7, "right")),
+    }
+    groups = sorted(sorted(g) for g in plan(requests))
+    assert groups == sorted([["no mask", "no mask, same length"], ["no mask, other length"], ["ones"], ["left 6", "left 8"], ["right 7"]])
+
+
+def test_stacking_across_lengths_stops_where_padding_costs_more_than_a_forward(decoder: Any) -> None:
+    short = padded(decoder, (1,), 2, "right")
+    long = padded(decoder, (30,), 40, "right")
+    requests = {"short": Logits(decoder, short), "long": Logits(decoder, long)}
+    assert 1 * (40 - 2) > FORWARD_COST_TOKENS  # padding the short row to 40 costs more than its own forward
+    assert sorted(sorted(g) for g in plan(requests)) == [["long"], ["short"]]
+    near = padded(decoder, (30,), 36, "right")
+    assert sorted(sorted(g) for g in plan({"near": Logits(decoder, near), "long": Logits(decoder, long)})) == [["long", "near"]]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_widened_batch_gives_its_rows_the_same_logits(decoder: Any, side: str) -> None:
+    batch = padded(decoder, (3, 5), 6, side)
+    wide = widen(batch, 9, side, decoder)
+    assert wide.input_ids.shape == (2, 9) and int(wide.attention_mask.sum()) == int(batch.attention_mask.sum())
+    columns = slice(3, 9) if side == "left" else slice(0, 6)
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(decoder.logits(wide)[:, columns][real], decoder.logits(batch)[real], atol=1e-5, rtol=0)
+
+
+def real_sum(logits: torch.Tensor, batch: Batch) -> float:
+    """The sum of the logits at real positions (a padded slot's logits are nobody's business)."""
+    real = torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
+    return float(logits[real].sum())
+
+
+def evaluation(adapter: Any, batches: list[Batch]) -> Any:
+    """Asks for each batch's logits in turn (the last two together) and returns their sums at real positions."""
+    first = yield Logits(adapter, batches[0])
+    rest = yield [Logits(adapter, b) for b in batches[1:]]
+    return [real_sum(first, batches[0])] + [real_sum(r, b) for r, b in zip(rest, batches[1:])]
+
+
+def test_lockstep_gives_each_evaluation_its_own_logits_in_fewer_forwards(decoder: Any) -> None:
+    plans = [[padded(decoder, (n, 2), 5 + n % 3, "left"), padded(decoder, (n,), n + 1, "right"), Batch(torch.randint(1, 50, (1, 4)))] for n in range(1, 6)]
+    alone = [run_alone(evaluation(decoder, p)) for p in plans]
+    calls = []
+    original = decoder.logits
+    decoder.logits = lambda batch: calls.append(batch.size) or original(batch)  # type: ignore[method-assign]
+    try:
+        together = run_together([evaluation(decoder, p) for p in plans])
+    finally:
+        del decoder.logits
+    assert len(calls) < sum(len(p) for p in plans)
+    for a, t in zip(alone, together):
+        assert t == pytest.approx(a, rel=1e-5)
+
+
+def test_one_case_that_raises_leaves_the_others_their_outcomes(decoder: Any) -> None:
+    class Broken:
+        capabilities = decoder.capabilities
+
+        def logits(self, batch: Batch) -> torch.Tensor:
+            raise RuntimeError("this model raises")
+
+    def raising() -> Any:
+        yield Logits(Broken(), Batch(torch.ones(1, 3, dtype=torch.long)))
+
+    good = [padded(decoder, (2,), 3, "left"), padded(decoder, (3,), 4, "left"), padded(decoder, (1,), 3, "left")]
+    results = run_together([evaluation(decoder, good), raising(), evaluation(decoder, good)])
+    assert isinstance(results[1], RuntimeError) and "this model raises" in str(results[1])
+    assert results[0] == pytest.approx(results[2])
+
+
+def test_the_report_says_whether_cases_shared_forwards() -> None:
+    on = audit("ref:tiny-decoder", ["padding", "causal"], profile="dev")
+    assert on.environment["batching"].startswith("on: cases of a check share forwards (padding/batch_composition passed on")
+    off = audit("ref:tiny-decoder", ["causal"], profile="dev")
+    assert off.environment["batching"].startswith("off: the padding suite")
+    unasked = audit("ref:tiny-decoder", ["padding"], profile="dev", batch_cases=False)
+    assert unasked.environment["batching"].startswith("off: every case has forwards of its own")
+
+
+def test_the_command_line_can_ask_for_one_case_per_forward(tmp_path: Any) -> None:
+    from maskcheck.harness.cli import main
+
+    report = tmp_path / "report.json"
+    assert main(["audit", "ref:tiny-decoder", "-q", "--suites", "padding", "--one-case-per-forward", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["environment"]["batching"].startswith("off: every case has forwards of its own")
+
+
+def test_a_model_whose_rows_read_each_other_gets_one_case_per_forward() -> None:
+    """The gate: rows masked with another row's padding fail batch_composition, so no case
+    shares a forward, the report says why, and the padding suite reports the gate's run."""
+    result = audit(build("padding_mask_of_last_row"), ["padding"], profile="dev")
+    assert result.environment["batching"].startswith("off: padding/batch_composition did not pass (fail)")
+    check = next(c for c in result.suite("padding").checks if c.name == "batch_composition")
+    assert check.status == "fail" and "row 0 changed when the other rows changed" in check.message
+
+
+RECORDED = json.loads(RECORD.read_text())
+
+
+@pytest.mark.parametrize("label", sorted(RECORDED))
+def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batching(label: str) -> None:
+    """tests/data/verdicts.json was recorded by the engine before cases shared forwards
+    (one case per forward, every copy run): statuses, the shrunk case of every failure, the
+    case of every warn and the cases every other check evaluated must be the same."""
+    assert record(label) == RECORDED[label]

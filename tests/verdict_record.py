@@ -1,0 +1,104 @@
+"""Verdicts and cases of a fixed set of audits, recorded once and compared after engine changes.
+
+    python -m tests.verdict_record --write     # record tests/data/verdicts.json
+
+The set is the mutation score's (every seeded bug under its suite, every clean model
+under every suite), ``dev`` profile, seed 0. For every check it keeps the status, the
+case that decided a ``fail`` (shrunk) or a ``warn``, and for a check that did not fail,
+the cases it evaluated (their number and a digest): an engine change that batches,
+reorders or memoises forwards must leave all of it as it was. The case a ``pass``
+reports is its worst by measured ratio, a choice among differences at the noise floor
+that any change of forward shapes may reorder, so it is not kept.
+``tests/test_batching.py`` compares fresh audits against the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+RECORD = Path(__file__).parent / "data" / "verdicts.json"
+
+
+def targets() -> dict[str, tuple[Any, list[str] | None]]:
+    """label -> (model, suites): what the mutation score audits."""
+    from maskcheck.reference_models import PRESETS
+    from maskcheck.reference_models.hf_tiny import TINY_CONFIGS
+    from maskcheck.reference_models.mutants import MUTANTS
+
+    chosen: dict[str, tuple[Any, list[str] | None]] = {}
+    for name, mutant in MUTANTS.items():
+        chosen[f"mutant:{name}"] = (f"mutant:{name}", [mutant.suite])
+    for preset in PRESETS:
+        chosen[f"ref:{preset}"] = (f"ref:{preset}", None)
+    for name in TINY_CONFIGS:
+        for implementation in ("eager", "sdpa"):
+            chosen[f"hf:{name}/{implementation}"] = ((name, implementation), None)
+    return chosen
+
+
+def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
+    """suite -> check -> what :mod:`this module <tests.verdict_record>` keeps, for one audit of :func:`targets`."""
+    import dataclasses
+    import hashlib
+
+    from maskcheck import audit
+    from maskcheck.harness import runner
+    from maskcheck.harness.adapters.hf import HFAdapter
+    from maskcheck.reference_models.hf_tiny import tiny_model
+
+    model, suites = targets()[label]
+    if isinstance(model, tuple):
+        model = HFAdapter(tiny_model(*model))
+    evaluated: dict[str, set[str]] = {}
+    original = runner.run_check
+
+    def recording_run_check(check: Any, context: Any) -> Any:
+        seen = evaluated.setdefault(check.name, set())
+
+        def evaluate(case: Any) -> Any:
+            seen.add(repr(case))
+            return check.evaluate(case)
+
+        return original(dataclasses.replace(check, evaluate=evaluate), context)
+
+    runner.run_check = recording_run_check
+    try:
+        result = audit(model, suites, **({} if batch_cases else {"batch_cases": False}))  # the engine before batching had no such option
+    finally:
+        runner.run_check = original
+    kept: dict[str, dict[str, dict[str, Any]]] = {}
+    for suite in result.suites:
+        for check in suite.checks:
+            entry: dict[str, Any] = {"status": check.status}
+            if check.status in ("fail", "warn"):
+                entry["case"] = check.case
+            if check.status != "fail" and check.name in evaluated:
+                cases = sorted(evaluated[check.name])
+                entry["evaluated"] = [len(cases), hashlib.sha256("\n".join(cases).encode()).hexdigest()[:16]]
+            kept.setdefault(suite.name, {})[check.name] = entry
+    return json.loads(json.dumps(kept))  # cases hold tuples; the file holds lists
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"write {RECORD}")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    recorded = {}
+    for label in targets():
+        recorded[label] = record(label)
+        print(label, {s: sorted({v["status"] for v in checks.values()}) for s, checks in recorded[label].items()}, flush=True)
+    if args.write:
+        RECORD.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {RECORD}")
+
+
+if __name__ == "__main__":
+    main()
