@@ -139,7 +139,53 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     # this only the counts shrink, at full width (400M parameters), and the audit times out
     "gptj": {"rotary_dim": 8},
     "codegen": {"rotary_dim": 8},
+    # State-space hybrids: their attention layers sit further in than two layers reach, and
+    # their state-space widths (heads x head width = expand x hidden) are set outright, not
+    # derived from the hidden size, so both are shrunk here: one recurrent layer, then one
+    # attention layer, 8 state-space heads of 16.
+    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    "nemotron_h": {
+        "layers_block_type": ["linear_attention", "full_attention"],
+        "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1, "chunk_size": 16, "head_dim": 16,
+    },
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "state_size": 16, "chunk_size": 16},
+    # Widths derived at construction (attention over hidden and embeddings: 2 x hidden; heads of
+    # 2 x hidden / heads; dt rank hidden / 16) and the layer pattern (every 6th layer from the
+    # 4th), derived again here. Zamba ties its shared attention block across hybrid layers, so
+    # it needs two of them: three layers.
+    "zamba": {
+        "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+        "attention_hidden_size": 128, "attention_head_dim": 32, "mamba_dt_rank": 4,
+    },
+    "zamba2": {
+        "layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "attention_hidden_size": 128,
+        "attention_head_dim": 32, "mamba_headdim": 16, "num_query_groups": 4, "adapter_rank": 8, "mamba_d_state": 16, "chunk_size": 16,
+    },
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64, "head_dim": 16, "attention_window_size": 6},
 }
+
+
+#: Multi-head latent attention (DeepSeek-V2 and its descendants) sets its low-rank and
+#: rotary widths outright (rope 64 + nope 128 per head, kv rank 512) and derives
+#: ``qk_head_dim`` and ``head_dim`` from them at construction: all are shrunk together,
+#: keys a type does not have left out. Expert routing in one group of the shrunk experts.
+MLA_WIDTHS: dict[str, Any] = {
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16,
+    "kv_lora_rank": 16, "q_lora_rank": 32, "n_group": 1, "topk_group": 1, "num_key_value_heads": 4,
+}
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "sarvam_mla", "axk1")
+
+
+def _sweep_overrides(model_type: str, config: Any) -> dict[str, Any]:
+    overrides = dict(SWEEP_OVERRIDES.get(model_type, {}))
+    if model_type in MLA_TYPES:
+        present = config.to_dict()
+        overrides.update({k: v for k, v in MLA_WIDTHS.items() if k in present or k == "qk_head_dim"})
+        if present.get("num_experts_per_tok", 0) is None:  # DeepSeek-V2 leaves it unset: top-k of None
+            overrides["num_experts_per_tok"] = 2
+    return overrides
 
 
 def model_types(task: str) -> list[str]:
@@ -174,7 +220,7 @@ def shrunk_config(model_type: str, level: str = "full") -> Any:
         nested = getattr(config, name, None)
         if nested is not None and hasattr(nested, "to_dict"):
             _shrink(nested, keys)
-    for key, value in SWEEP_OVERRIDES.get(model_type, {}).items():
+    for key, value in _sweep_overrides(model_type, config).items():
         setattr(config, key, value)
     return config
 

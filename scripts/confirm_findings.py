@@ -28,23 +28,23 @@ REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking")
 DIFFERENCE = re.compile(r"max \|difference\| = ([0-9.eE+-]+|nan|inf)")
 
 
-def failures(results: Path) -> list[tuple[str, str, str]]:
+def failures(results: Path) -> list[tuple[str, str, str, str]]:
+    """(type, task, suite, attention implementation) of every FAIL of a reproducible suite."""
     latest = {}
     for line in results.read_text().splitlines():
         record = json.loads(line)
         latest[(record["type"], record["task"], record["implementation"])] = record
     return sorted(
-        (model_type, task, suite)
+        (model_type, task, suite, implementation)
         for (model_type, task, implementation), record in latest.items()
-        if implementation == "default"
         for suite, data in record.get("suites", {}).items()
         if suite in REPRODUCIBLE and data["status"] == "fail"
     )
 
 
-def reproduce(model_type: str, task: str, suite: str, timeout: float) -> dict:
-    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, suite, "--task", task]
-    record = {"type": model_type, "task": task, "suite": suite}
+def reproduce(model_type: str, task: str, suite: str, implementation: str, timeout: float) -> dict:
+    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, suite, "--task", task, "--implementation", implementation]
+    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation}
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})
     except subprocess.TimeoutExpired:
@@ -66,15 +66,15 @@ def main() -> int:
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
-        done = {(r["type"], r["task"], r["suite"]) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
+        done = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
     plan = [key for key in failures(RESULTS) if key not in done]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
-    for index, (model_type, task, suite) in enumerate(plan, 1):
-        record = reproduce(model_type, task, suite, args.timeout)
+    for index, (model_type, task, suite, implementation) in enumerate(plan, 1):
+        record = reproduce(model_type, task, suite, implementation, args.timeout)
         with CONFIRMED.open("a") as out:
             out.write(json.dumps(record) + "\n")
         verdict = {True: "confirmed", False: "NOT CONFIRMED", None: "could not run"}[record["confirmed"]]
-        print(f"[{index}/{len(plan)}] {model_type} {task} {suite}: {verdict} ({record['difference']})", file=sys.stderr, flush=True)
+        print(f"[{index}/{len(plan)}] {model_type} {task} {suite} ({implementation}): {verdict} ({record['difference']})", file=sys.stderr, flush=True)
     return 0
 
 

@@ -29,11 +29,11 @@ def cell(records: list[dict[str, Any]], suite: str) -> str:
     return marks[0] if len(set(marks)) == 1 else " / ".join(marks)
 
 
-def confirmations(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """scripts/confirm_findings.py's last result per (type, task, suite)."""
+def confirmations(path: Path) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """scripts/confirm_findings.py's last result per (type, task, suite, implementation)."""
     if not path.is_file():
         return {}
-    return {(r["type"], r["task"], r["suite"]): r for r in map(json.loads, path.read_text().splitlines())}
+    return {(r["type"], r["task"], r["suite"], r.get("implementation", "default")): r for r in map(json.loads, path.read_text().splitlines())}
 
 
 def confirmation_note(record: dict[str, Any] | None) -> str:
@@ -46,9 +46,15 @@ def confirmation_note(record: dict[str, Any] | None) -> str:
     return f" **Not confirmed**: the direct check measures {record['difference']:.3g}."
 
 
-def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str], dict[str, Any]]) -> str:
-    """One line: how many reproducible FAILs the direct checks confirmed."""
-    keys = [(t, task, suite) for (t, task), rs in built.items() for r in rs if r["implementation"] == "default" for suite, data in r["suites"].items() if suite in REPRODUCIBLE and data["status"] == "fail"]
+def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
+    """One line: how many reproducible FAILs (every implementation) the direct checks confirmed."""
+    keys = [
+        (t, task, suite, r["implementation"])
+        for (t, task), rs in built.items()
+        for r in rs
+        for suite, data in r["suites"].items()
+        if suite in REPRODUCIBLE and data["status"] == "fail"
+    ]
     found = [confirmed.get(key) for key in keys]
     yes = sum(1 for r in found if r and r["confirmed"])
     no = sum(1 for r in found if r and r["confirmed"] is False)
@@ -92,8 +98,7 @@ def render(results: Path, out: Path) -> None:
         "`n/a` says why the input cannot be given (the table at the end); `kv_cache` decodes each",
         "model the way `generate()` does, with the model's own generation methods, so recurrent",
         "and state-space caches (`state`, Mamba's cache) are checked on the path users run.",
-        "Only the default attention implementation has been swept with this version; the eager",
-        "pass is not in this table yet.",
+        *(["Only the default attention implementation has been swept with this version."] if implementations == ["default"] else []),
         "",
         "| type | task | " + " | ".join(SUITES[:5]) + " |",
         "|---|---|" + "---|" * 5,
@@ -113,8 +118,8 @@ def render(results: Path, out: Path) -> None:
                 impl = "" if record["implementation"] == "default" else f" --implementation {record['implementation']}"
                 task_flag = "" if task == "causal-lm" else f" --task {task}"
                 reproduce = f" Reproduce: `python scripts/reproduce_finding.py {model_type} {suite}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
-                if suite in REPRODUCIBLE and data["status"] == "fail" and record["implementation"] == "default":
-                    reproduce += confirmation_note(confirmed.get((model_type, task, suite)))
+                if suite in REPRODUCIBLE and data["status"] == "fail":
+                    reproduce += confirmation_note(confirmed.get((model_type, task, suite, record["implementation"])))
                 lines.append(f"- **{model_type}** {suite} ({record['implementation']}): {MARK[data['status']]} {data['check']}{size}: {message}.{reproduce}")
     lines += ["", "## Not applicable", "", "| suite | reason | types |", "|---|---|---|"]
     reasons: Counter[tuple[str, str]] = Counter()
