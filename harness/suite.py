@@ -39,6 +39,9 @@ class RunContext:
     shrink: bool = True
     profile: str = "dev"
     deadline: float | None = None  # time.monotonic() after which no new case starts
+    # Seconds a check may spend shrinking once it has found a failure; then it reports the
+    # smallest failing case found so far (Hypothesis's own bound is 500 shrinks or 300 s).
+    shrink_seconds: float | None = 60.0
     on_case: Callable[[str, int, int], None] | None = None  # (check, cases done, cases planned), for a progress display
     # Cases of one example share forwards (harness/batching.py); the runner sets it once the
     # model's rows were shown not to read each other.
@@ -197,8 +200,14 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     # shrinking, the passing cases beside the failing one and the failing one itself) is
     # answered from here, not by the model again.
     outcomes: dict[Any, Outcome] = {}
+    # Failing cases in the order found: while shrinking, each is smaller than the one before.
+    failures: list[CaseFailed] = []
+    shrink_started: list[float] = []
+    stopped: list[str] = []  # what stopped the shrinking early
 
     def evaluate_all(cases: list[Any]) -> None:
+        if failures and shrinking_stopped() and not from_memo(cases):
+            return  # no new case: the shrinker sees no progress and reports the smallest failure so far
         if context.batch_cases and check.batchable:
             evaluate_together(cases)
         for case in cases:
@@ -211,7 +220,31 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
                     outcome = outcomes[key] = check.outcome(case)
                 record(case, outcome)
             if outcome.status == "fail":
-                raise CaseFailed(case, outcome)
+                if not failures:
+                    shrink_started.append(time.monotonic())
+                failures.append(CaseFailed(case, outcome))
+                raise failures[-1]
+
+    def from_memo(cases: list[Any]) -> bool:
+        """Whether the memo decides these cases as evaluating them in order would (up to the first failure)."""
+        for case in cases:
+            outcome = outcomes.get(_memo_key(case))
+            if outcome is None:
+                return False
+            if outcome.status == "fail":
+                return True
+        return True
+
+    def shrinking_stopped() -> bool:
+        """Whether the time limit or the shrink budget has run out after a failure was found."""
+        if stopped:
+            return True
+        now = time.monotonic()
+        if context.deadline is not None and now > context.deadline:
+            stopped.append("the suite's time limit (--timeout)")
+        elif context.shrink_seconds is not None and now - shrink_started[0] > context.shrink_seconds:
+            stopped.append(f"the shrink budget of {context.shrink_seconds:g} s")
+        return bool(stopped)
 
     def evaluate_together(cases: list[Any]) -> None:
         """Evaluate the cases not in the memo in lockstep, their forwards stacked; what one
@@ -274,6 +307,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
                 replayed = failure
                 search()  # draws the same examples again and shrinks the failure
     except CaseFailed as failure:
+        if stopped:
+            failure.outcome.message += f" (shrinking stopped by {stopped[0]} after {time.monotonic() - shrink_started[0]:.0f} s: the smallest failing case found by then)"
         return _failed(check, failure), evaluated, failure
     except AdapterError as exc:
         return CheckResult(check.name, "error", str(exc)), evaluated, None

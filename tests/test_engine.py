@@ -136,3 +136,18 @@ def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_fu
     record()
     assert examples[0] == (PaddedCase(lengths=(1,), extra=1, side="right", seed=0),)
     assert [len(example) for example in examples[1:]] == [10] * 5
+
+
+def test_a_spent_shrink_budget_reports_the_smallest_failing_case_found_by_then() -> None:
+    """Shrinking stops once the budget is spent: the check still fails, on a case no larger
+    than the first failure, and says why it may not be minimal."""
+    check, seen = recording(padded_cases(12), fails=long_row)
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"), examples=20, profile="ci", shrink_seconds=0.0)
+    result, _, failure = run_check(check, context)
+    assert result.status == "fail" and failure is not None
+    assert "shrinking stopped by the shrink budget of 0 s" in result.message
+    first_failing = next(case for case in seen if long_row(case))
+    assert max(failure.case.lengths) <= max(first_failing.lengths)
+    unbounded, _, shrunk = run_check(check, ci_context())
+    assert unbounded.status == "fail" and "shrinking stopped" not in unbounded.message
+    assert max(shrunk.case.lengths) == 5  # the budget is what stopped the first one short
