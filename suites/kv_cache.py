@@ -167,8 +167,11 @@ class KVCacheSuite(Suite):
                 first = min(t for _, t in outcome.positions)
                 where_first = "the prefill" if first < prompt else next(f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n)
                 outcome.message += f"; first wrong position {first}, in {where_first}"
-                if first < prompt:  # no cache is involved yet: the prompt's logits depend on the tokens after it
-                    outcome.message += " (no cache exists before the first step: the model's logits depend on later tokens, so it is not causal; see the causal suite)"
+                if first < prompt:  # no cache is read yet: the prompt alone is scored otherwise than inside the full sequence
+                    outcome.message += (
+                        " (no cache is read before the first step: the prompt's logits differ from the full forward's at the same positions, "
+                        "so the model reads later tokens (see the causal suite) or scores a prompt otherwise than the start of a longer sequence)"
+                    )
             return outcome
 
         return (yield from with_floor(b.adapter, full, where, judge))

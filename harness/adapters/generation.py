@@ -76,7 +76,7 @@ class GenerationPath:
         self._new_cache(kwargs, ids.shape[0], ids.shape[1])
         if self.takes_position_ids and self._generate_passes_positions(ids, mask):
             kwargs["position_ids"] = positions if positions is not None else positions_from_mask(mask, offset=self.position_offset)
-        inputs = self.model.prepare_inputs_for_generation(ids, is_first_iteration=True, **kwargs)
+        inputs = _every_logit(self.model.prepare_inputs_for_generation(ids, is_first_iteration=True, **kwargs))
         self._check_fed(inputs, ids.shape[1], f"a prompt of {ids.shape[1]} token(s)")
         output = call_model(self.model, **inputs, return_dict=True)
         return output.logits, GenerationState(kwargs, ids, output)
@@ -91,7 +91,7 @@ class GenerationPath:
             if "position_ids" in kwargs:
                 kwargs["position_ids"] = positions_from_mask(full_mask, offset=self.position_offset)
         ids = torch.cat([state.ids, tokens.to(state.ids.device)], dim=1)  # [B, T + n]
-        inputs = self.model.prepare_inputs_for_generation(ids, next_sequence_length=n, **kwargs)
+        inputs = _every_logit(self.model.prepare_inputs_for_generation(ids, next_sequence_length=n, **kwargs))
         self._check_fed(inputs, n, f"a step of {n} token(s)")
         output = call_model(self.model, **inputs, return_dict=True)
         return output.logits, GenerationState(kwargs, ids, output)
@@ -142,6 +142,16 @@ class GenerationPath:
         fed = _fed_length(inputs, self.ids_key)
         if fed is not None and fed != expected:
             raise AdapterError(f"prepare_inputs_for_generation fed the model {fed} tokens for {what}")
+
+
+def _every_logit(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The prepared inputs with every position's logits kept. State-space hybrids (Bamba,
+    Zamba, Falcon-H1 ...) prepare ``logits_to_keep=1``: generation needs only the last
+    position, and the head then scores only it. That slices the output, not the cache path,
+    and the comparison needs every fed position (0 keeps all)."""
+    if "logits_to_keep" in inputs:
+        inputs["logits_to_keep"] = 0
+    return inputs
 
 
 def _fed_length(inputs: dict[str, Any], key: str) -> int | None:
