@@ -250,7 +250,7 @@ class MaskcheckItem(VerdictItem):
 
         options = run_options(self.config)
         adapter = _SESSION_CACHE.get(self.entry, options)
-        run_suite_test(adapter, self.suite, options, self, self.entry.slug)
+        run_suite_test(adapter, self.suite, options, self, self.entry.slug, "padding" in suites(self.config))
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"maskcheck {self.suite} on {self.entry.name}"

@@ -6,6 +6,7 @@ shape or misbehaves gives an ``error`` check for that suite, and the audit goes 
 
 from __future__ import annotations
 
+import copy
 import platform
 import sys
 import time
@@ -121,7 +122,7 @@ def audit(
     disabled_conventions: Sequence[str] = (),
     probes: Sequence[str] = (),
     progress: ProgressCallback | None = None,
-    batch_cases: bool = True,
+    batch_cases: bool | None = None,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
 
@@ -135,7 +136,10 @@ def audit(
     ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
     their grids and pictures go to ``report_dir`` when one is given.
     ``batch_cases``: cases of a check share forwards once the model's rows are shown not to
-    read each other (:func:`batching_gate`); ``False`` gives every case its own forwards.
+    read each other (:func:`batching_gate`). ``None`` (the default) runs that gate when the
+    padding suite is in the run (it is one of its checks) or reuses this adapter's earlier
+    gate in this process; ``True`` runs it in any case (the pytest plugin, whose items each
+    audit one suite); ``False`` gives every case its own forwards.
 
     Raises :class:`maskcheck.harness.specs.SpecError` when the model cannot be loaded and
     :class:`maskcheck.harness.registry.UnknownSuiteError` for an unknown suite name.
@@ -160,9 +164,13 @@ def audit(
     result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded])
     result.environment["float32_reference_error"] = reference_error
     decided: dict[tuple[str, str], tuple] = {}
-    if not batch_cases:
+    gates = _earlier_gates(adapter)
+    gate_key = (seed, profile, context.examples, repr(tolerance))
+    if batch_cases is False:
         result.environment["batching"] = "off: every case has forwards of its own (batch_cases=False)"
-    elif "padding" not in names:
+    elif gate_key in gates:  # this adapter's gate ran in this process (a pytest item per suite)
+        context.batch_cases, result.environment["batching"], decided = copy.deepcopy(gates[gate_key])
+    elif batch_cases is None and "padding" not in names:
         result.environment["batching"] = "off: the padding suite, whose batch_composition check must pass before cases share forwards, is not in this run"
     else:
         def on_gate_case(check: str, done: int, planned: int) -> None:
@@ -173,6 +181,7 @@ def audit(
             progress("gate", "padding/batch_composition", result)  # a report on disk before any forward
         gate_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_gate_case)
         context.batch_cases, result.environment["batching"], decided = batching_gate(adapter, gate_context)
+        gates[gate_key] = copy.deepcopy((context.batch_cases, result.environment["batching"], decided))
     context.decided = decided
     for name, suite in loaded:
         if progress:
@@ -207,6 +216,15 @@ def _probe(name: str, adapter: Adapter, seed: int, report_dir: str | Path | None
     if report_dir is not None:
         probe.write(report_dir, draw)
     return probe.to_dict()
+
+
+def _earlier_gates(adapter: Adapter) -> dict[tuple, tuple]:
+    """The gates this adapter ran in this process, by (seed, profile, cases, tolerance): kept on
+    the adapter, so they live as long as it does (an adapter that takes no attribute keeps none)."""
+    try:
+        return adapter.__dict__.setdefault("_maskcheck_gates", {})
+    except AttributeError:  # pragma: no cover - an adapter with __slots__
+        return {}
 
 
 def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dict[tuple[str, str], tuple]]:

@@ -127,6 +127,9 @@ class CaseFailed(Exception):
         self.case = case
         self.outcome = outcome
 
+    def __reduce__(self) -> tuple:  # copied and pickled with its case and outcome
+        return (CaseFailed, (self.case, self.outcome))
+
 
 class Suite(abc.ABC):
     name: ClassVar[str]

@@ -102,8 +102,12 @@ def load(entry: ModelEntry, options: RunOptions) -> Any:
     return adapter
 
 
-def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model") -> Any:
-    """Audit one suite; skip, warn or fail the calling test as its verdict says. Returns the AuditResult."""
+def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model", with_padding: bool = True) -> Any:
+    """Audit one suite; skip, warn or fail the calling test as its verdict says. Returns the AuditResult.
+
+    ``with_padding``: the padding suite is among this model's tests, so its batch_composition
+    check (which decides whether cases share forwards) runs before the first suite this
+    process audits, once per model, and the padding test reports that same run."""
     from .run_report import write_result
     from .runner import audit
     from .threads import apply_thread_setting, parse_threads
@@ -123,6 +127,7 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
         tolerance_overrides=options.tolerance,
         report_dir=report_dir,
         bundle_dir=report_dir or Path("maskcheck-report") / slug,
+        batch_cases=True if with_padding else None,
     )
     suite_result = result.suites[0]
     if report_dir is not None:
@@ -209,14 +214,15 @@ def maskcheck_tests(
 
     entry = ModelEntry(name or (model if isinstance(model, str) else getattr(model, "__qualname__", "model")), model)
     run = RunOptions(**options)
+    chosen = list(suites) if suites else suite_names()
 
     @pytest.mark.maskcheck
-    @pytest.mark.parametrize("maskcheck_suite", list(suites) if suites else suite_names())
+    @pytest.mark.parametrize("maskcheck_suite", chosen)
     def test(maskcheck_suite: str, request: pytest.FixtureRequest) -> None:
         __tracebackhide__ = True
         try:
             adapter = _SESSION_CACHE.get(entry, run)
-            run_suite_test(adapter, maskcheck_suite, run, request.node, entry.slug)
+            run_suite_test(adapter, maskcheck_suite, run, request.node, entry.slug, "padding" in chosen)
             return
         except MaskcheckFailure as failure:
             message = str(failure)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SUITES = ("causal", "padding", "loss_masking", "packing", "kv_cache", "cross_attention", "norm_checkpoint")
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "error": "ERROR", "not_applicable": "n/a", "not_run": "NOT RUN"}
@@ -46,15 +46,40 @@ def confirmation_note(record: dict[str, Any] | None) -> str:
     return f" **Not confirmed**: the direct check measures {record['difference']:.3g}."
 
 
+def warn_note(record: dict[str, Any]) -> str:
+    """What the direct check measured for a WARN: the behaviour it describes, shown or not."""
+    if record["confirmed"] is None:
+        return f" The direct check could not run ({record['output']})."
+    if record["confirmed"]:
+        return f" The behaviour shows with plain transformers: max |difference| {record['difference']:.3g}."
+    return f" The direct check does not show it (max |difference| {record['difference']:.3g}): the warning rests on maskcheck's measurement alone."
+
+
+def verdict_keys(built: dict[tuple[str, str], list[dict[str, Any]]], wanted: Callable[[str, dict[str, Any]], bool]) -> list[tuple[str, str, str, str]]:
+    """(type, task, suite, implementation) of every verdict ``wanted(suite, verdict)`` picks."""
+    return [(t, task, suite, r["implementation"]) for (t, task), rs in built.items() for r in rs for suite, data in r["suites"].items() if wanted(suite, data)]
+
+
+def measured_warn(suite: str, data: dict[str, Any]) -> bool:
+    """A WARN about left padding, whose behaviour confirm_findings.py --warnings measures."""
+    return suite in ("padding", "loss_masking", "kv_cache") and data["status"] == "warn" and data.get("check") != "positions_from_mask"
+
+
+def warn_tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
+    """One line: how many WARNs about left padding the direct checks measured, and what they showed."""
+    keys = verdict_keys(built, measured_warn)
+    found = [confirmed[key] for key in keys if key in confirmed]
+    shown = sum(1 for r in found if r["confirmed"])
+    return (
+        f"Of {len(keys)} such WARN verdicts, {len(found)} were measured by their direct check: "
+        f"{shown} show the behaviour with plain transformers, {sum(1 for r in found if r['confirmed'] is False)} do not, "
+        f"{sum(1 for r in found if r['confirmed'] is None)} could not run."
+    )
+
+
 def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
     """One line: how many reproducible FAILs (every implementation) the direct checks confirmed."""
-    keys = [
-        (t, task, suite, r["implementation"])
-        for (t, task), rs in built.items()
-        for r in rs
-        for suite, data in r["suites"].items()
-        if suite in REPRODUCIBLE and data["status"] == "fail"
-    ]
+    keys = verdict_keys(built, lambda suite, data: suite in REPRODUCIBLE and data["status"] == "fail")
     found = [confirmed.get(key) for key in keys]
     yes = sum(1 for r in found if r and r["confirmed"])
     no = sum(1 for r in found if r and r["confirmed"] is False)
@@ -91,6 +116,11 @@ def render(results: Path, out: Path) -> None:
         "`python scripts/confirm_findings.py` runs it for every FAIL and records the result in",
         "`docs/architectures-confirmed.jsonl`, and each FAIL below says what it measured.",
         f"{tally(built, confirmed)}",
+        "`--warnings` measures the behaviour of the WARNs about left padding the same way (padding,",
+        "loss masking, cached decoding; not `positions_from_mask`, whose behaviour the direct check's",
+        "own position ids remove, nor packing, whose WARNs name the settings that leak and the one",
+        "that does not); each of those WARNs below says what the direct check showed.",
+        f"{warn_tally(built, confirmed)}",
         "",
         "How to read the verdicts: a `WARN` is a real behaviour that is not a leak, with its",
         "reason (left padding on a model without position ids, packing that is safe only with",
@@ -118,8 +148,11 @@ def render(results: Path, out: Path) -> None:
                 impl = "" if record["implementation"] == "default" else f" --implementation {record['implementation']}"
                 task_flag = "" if task == "causal-lm" else f" --task {task}"
                 reproduce = f" Reproduce: `python scripts/reproduce_finding.py {model_type} {suite}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
+                measured = confirmed.get((model_type, task, suite, record["implementation"]))
                 if suite in REPRODUCIBLE and data["status"] == "fail":
-                    reproduce += confirmation_note(confirmed.get((model_type, task, suite, record["implementation"])))
+                    reproduce += confirmation_note(measured)
+                elif measured_warn(suite, data) and measured is not None:
+                    reproduce += warn_note(measured)
                 lines.append(f"- **{model_type}** {suite} ({record['implementation']}): {MARK[data['status']]} {data['check']}{size}: {message}.{reproduce}")
     lines += ["", "## Not applicable", "", "| suite | reason | types |", "|---|---|---|"]
     reasons: Counter[tuple[str, str]] = Counter()

@@ -153,3 +153,21 @@ def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batch
     (one case per forward, every copy run): statuses, the shrunk case of every failure, the
     case of every warn and the cases every other check evaluated must be the same."""
     assert record(label) == RECORDED[label]
+
+
+def test_a_gate_run_once_serves_the_later_audits_of_the_same_adapter() -> None:
+    """The plugin audits one suite per test: the gate runs before the first of them and the
+    later audits of that adapter (the padding test among them) reuse its run."""
+    adapter = adapter_for(build("padding_mask_of_last_row"))
+    first = audit(adapter, ["causal"], profile="dev", batch_cases=True)
+    assert first.environment["batching"].startswith("off: padding/batch_composition did not pass (fail)")
+    calls = []
+    original = adapter.logits
+    adapter.logits = lambda batch: calls.append(batch.size) or original(batch)  # type: ignore[method-assign]
+    later = audit(adapter, ["padding"], profile="dev")
+    del adapter.logits
+    check = next(c for c in later.suite("padding").checks if c.name == "batch_composition")
+    assert check.status == "fail" and later.environment["batching"] == first.environment["batching"]
+    assert calls, "the other padding checks ran"
+    alone = audit(build("padding_mask_of_last_row"), ["padding"], profile="dev")
+    assert next(c for c in alone.suite("padding").checks if c.name == "batch_composition").case == check.case
