@@ -13,7 +13,7 @@ and transformers, so the finding stands without maskcheck:
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
-| loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone |
+| loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
 """
 
 from __future__ import annotations
@@ -41,13 +41,41 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
     # The default config with the recorded fields set on it, as the sweep shrank it (some shrunk
     # configs, XLNet's d_head say, would not pass the constructor's validation).
     config = transformers.AutoConfig.for_model(model_type)
-    for key, value in record["config"].items():
-        if key not in ("model_type", "transformers_version"):
-            setattr(config, key, value)
+    set_fields(config, record["config"])
+    if task == "seq2seq":
+        # Labels are shifted into decoder inputs behind these ids (EncoderDecoderModel sets
+        # neither); maskcheck passed decoder inputs itself, so the decoder's own ids reproduce it.
+        decoder = config.get_text_config(decoder=True)
+        for key, fallback in (("decoder_start_token_id", getattr(decoder, "bos_token_id", None) or 1), ("pad_token_id", getattr(decoder, "pad_token_id", None) or 0)):
+            if getattr(config, key, None) is None:
+                setattr(config, key, fallback)
     auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM, "seq2seq": transformers.AutoModelForSeq2SeqLM}[task]
     torch.manual_seed(0)
     kwargs = {} if implementation == "default" else {"attn_implementation": implementation}
     return auto.from_config(config, **kwargs).eval()
+
+
+def set_fields(config: object, recorded: dict) -> None:
+    """The recorded fields set on ``config``; a nested config (an encoder-decoder's encoder and
+    decoder, a multimodal model's text config) is recorded as a dict and set field by field."""
+    import transformers
+
+    for key, value in recorded.items():
+        if key in ("model_type", "transformers_version"):
+            continue
+        nested = getattr(config, key, None)
+        if isinstance(nested, transformers.PretrainedConfig) and isinstance(value, dict):
+            set_fields(nested, value)
+        else:
+            setattr(config, key, value)
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """The size of the vocabulary the model predicts (an encoder-decoder's is its decoder's)."""
+    head = model.get_output_embeddings()
+    if head is not None:
+        return head.weight.shape[0]
+    return model.config.get_text_config(decoder=True).vocab_size
 
 
 def log_probs(model: torch.nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
@@ -81,7 +109,7 @@ def takes(model: torch.nn.Module, name: str) -> bool:
 
 
 def ids(model: torch.nn.Module, length: int, seed: int = 0) -> torch.Tensor:
-    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else model.config.vocab_size
+    vocab = vocab_size(model)
     return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
@@ -100,7 +128,7 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     later = in_padded = 0.0
     for p in range(1, 8):
         changed = row.clone()
-        changed[0, p] = (changed[0, p] + 1) % model.config.vocab_size
+        changed[0, p] = (changed[0, p] + 1) % vocab_size(model)
         later = max(later, float((base[:, :p] - predicted(model, changed)[:, :p]).abs().max()))
         moved = predicted(model, torch.cat([torch.full((1, 2), pad), changed], 1), mask, positions)[:, 2:]
         in_padded = max(in_padded, float((padded[:, :p] - moved[:, :p]).abs().max()))
@@ -115,7 +143,7 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         reach = layers * (window - 1)
         long = ids(model, reach + 4, seed=5)
         moved = long.clone()
-        moved[0, 0] = (moved[0, 0] + 1) % model.config.vocab_size
+        moved[0, 0] = (moved[0, 0] + 1) % vocab_size(model)
         beyond = float((predicted(model, long)[:, reach + 1 :] - predicted(model, moved)[:, reach + 1 :]).abs().max())
         print(f"window {window} over {layers} layers (reach {reach}): the first token moves outputs beyond the reach by {beyond:.3g}")
         worst = max(worst, beyond)
@@ -129,7 +157,7 @@ def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     pad = getattr(model.config, "pad_token_id", None) or 0
     real = ids(model, 6)
     row = torch.cat([torch.full((1, 2), pad), real], dim=1)
-    other = torch.cat([torch.full((1, 2), (pad + 5) % model.config.vocab_size), real], dim=1)
+    other = torch.cat([torch.full((1, 2), (pad + 5) % vocab_size(model)), real], dim=1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
     positions = torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]])
     padded = predicted(model, row, mask, positions)[:, 2:]
@@ -141,7 +169,7 @@ def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
 
 def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     first, second = ids(model, 4, seed=1), ids(model, 4, seed=2)
-    changed = (first + 1) % model.config.vocab_size
+    changed = (first + 1) % vocab_size(model)
     inputs = {}
     if takes(model, "position_ids"):  # the padding-free path: positions restart per sequence, no mask, no cache
         inputs["position_ids"] = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
@@ -213,9 +241,9 @@ def chunk_after_cache(model: torch.nn.Module, row: torch.Tensor) -> float:
 
 def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """The model's loss against cross-entropy of logits[t] and labels[t + 1] (-100 ignored),
-    and the loss of a left-padded row (labels -100 at the pads and the first real token)
-    against the row alone.
-    Prints both; returns the larger."""
+    the loss of a left-padded row (labels -100 at the pads and the first real token) against
+    the row alone, and against the same row with other ids in its padded slots.
+    Prints all three; returns the largest."""
     row = ids(model, 8)
     labels = row.clone()
     labels[0, :2] = -100
@@ -234,9 +262,14 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         padded_labels = padded.masked_fill(mask == 0, -100)
         padded_labels[0, 2] = -100
         with_padding = model(input_ids=padded, attention_mask=mask, labels=padded_labels, **extra).loss
+        # Other ids in the padded slots (same shapes): the loss must not move at all.
+        other_pads = padded.clone()
+        other_pads[0, :2] = (other_pads[0, :2] + 7) % vocab_size(model)
+        with_other_pads = model(input_ids=other_pads, attention_mask=mask, labels=padded_labels, **extra).loss
     by_padding = float((alone.double() - with_padding.double()).abs())
-    print(f"loss against the reference: |difference| = {by_reference:.3g}; left-padded against alone: {by_padding:.3g}")
-    worst = max(by_reference, by_padding)
+    by_pad_ids = float((with_padding.double() - with_other_pads.double()).abs())
+    print(f"loss against the reference: |difference| = {by_reference:.3g}; left-padded against alone: {by_padding:.3g}; other ids in the padded slots: {by_pad_ids:.3g}")
+    worst = max(by_reference, by_padding, by_pad_ids)
     return worst, worst > 1e-4
 
 
