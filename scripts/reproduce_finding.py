@@ -66,7 +66,7 @@ def set_fields(config: object, recorded: dict) -> None:
         nested = getattr(config, key, None)
         if isinstance(nested, transformers.PretrainedConfig) and isinstance(value, dict):
             set_fields(nested, value)
-        else:
+        elif nested != value:  # unchanged fields are left alone: setting some validates them against the shrunk ones
             setattr(config, key, value)
 
 
