@@ -168,9 +168,33 @@ def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float]]:
     return {s: (forwards[s], total - forwards[s]) for s, total in suite_seconds.items()}
 
 
+def forward_cost(model: Any, repeats: int = 5) -> tuple[list[tuple[int, int, float]], float, float]:
+    """Seconds of one forward at a grid of (rows, length), and the least-squares fit
+    ``fixed + per_token x rows x length``: what stacking cases can save (the fixed part)
+    and what it cannot (the tokens). The grid holds the shapes an audit's forwards have."""
+    device = next(model.parameters()).device
+    grid = [(1, 8), (2, 8), (4, 8), (8, 8), (16, 8), (1, 16), (3, 16), (6, 16), (12, 16), (24, 16), (48, 16)]
+    vocab = model.config.vocab_size
+    timings = []
+    with torch.inference_mode():
+        for rows, length in grid:
+            ids = torch.randint(3, vocab, (rows, length), generator=torch.Generator().manual_seed(0)).to(device)
+            model(input_ids=ids)  # warm-up for this shape
+            synchronize(device)
+            started = time.perf_counter()
+            for _ in range(repeats):
+                model(input_ids=ids)
+            synchronize(device)
+            timings.append((rows, length, (time.perf_counter() - started) / repeats))
+    tokens = torch.tensor([[1.0, r * t] for r, t, _ in timings], dtype=torch.float64)
+    seconds = torch.tensor([[s] for _, _, s in timings], dtype=torch.float64)
+    fixed, per_token = torch.linalg.lstsq(tokens, seconds).solution.flatten().tolist()
+    return timings, fixed, per_token
+
+
 def peer_module() -> str:
     """A module defining ``gpt2_small`` for the peer's zero-code run: the same factory as ours."""
-    return "import torch\n\n\n" + inspect.getsource(gpt2_small)
+    return "from typing import Any\n\nimport torch\n\n\n" + inspect.getsource(gpt2_small)
 
 
 def peer_run(python: str, threads: int) -> tuple[float, float, str]:
@@ -187,10 +211,29 @@ def peer_run(python: str, threads: int) -> tuple[float, float, str]:
         )
         wall = time.perf_counter() - started
     summary = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line and ("passed" in line or "failed" in line)), "")
-    if not summary:
-        raise SystemExit(f"the peer's run printed no summary (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    if not summary or " error" in summary:  # a run whose tests could not run measures nothing
+        raise SystemExit(f"the peer's run did not run its tests (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     reported = float(summary.rsplit(" in ", 1)[1].split("s")[0])
     return wall, reported, summary
+
+
+def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str, Any]:
+    """The audit of gpt2-small and the peer's zero-code run on the same model, alternating,
+    ``repeats`` times each after one warm-up audit: medians, and the audit's verdicts."""
+    model = gpt2_small()
+    run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
+    audits, peers = [], []
+    for _ in range(repeats):
+        peers.append(peer_run(peer, threads))
+        seconds, _, result = run_audit(model, profile)
+        audits.append(seconds)
+    return {
+        "audit": statistics.median(audits),
+        "forwards": None,
+        "verdicts": {s.name: s.status for s in result.suites},
+        "batching": result.environment.get("batching"),
+        "peer": {"wall": statistics.median(p[0] for p in peers), "reported": statistics.median(p[1] for p in peers), "summary": peers[-1][2]},
+    }
 
 
 def measure(
@@ -272,8 +315,28 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the model's compute dtype (default: float32)")
     parser.add_argument("--peer", metavar="PYTHON", help="the python of a venv with pytest-torch (benchmarks/setup_peer.sh makes one): time its zero-code run on gpt2-small, alternating with the audit")
     parser.add_argument("--unbatched", action="store_true", help="also time the audit with one case per forward (batch_cases=False), alternating")
+    parser.add_argument("--forward-cost", action="store_true", help="only time bare forwards of gpt2-small at the audit's shapes and fit fixed + per-token cost")
+    parser.add_argument("--peer-only", action="store_true", help="with --peer: only the audit and the peer's run, alternating (no recording, replay or unbatched audit)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.peer_only:
+        if not args.peer:
+            parser.error("--peer-only needs --peer PYTHON")
+        r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
+        p = r["peer"]
+        print(f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, alternating")
+        print(f"  maskcheck audit: {r['audit']:.2f}s ({', '.join(f'{k}={v}' for k, v in r['verdicts'].items())}); batching {r['batching']}")
+        print(f"  pytest-torch zero-code run: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}")
+        print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
+        return 0
+    if args.forward_cost:
+        model = gpt2_small().to(device=args.device, dtype=getattr(torch, args.dtype))
+        timings, fixed, per_token = forward_cost(model)
+        print(f"gpt2-small forward cost, {args.device} {args.dtype}, {args.threads} thread(s):")
+        for rows, length, seconds in timings:
+            print(f"  {rows:>3} x {length:<3} ({rows * length:>4} tokens): {1000 * seconds:8.1f} ms")
+        print(f"  fit: {1000 * fixed:.1f} ms a forward + {1000 * per_token:.2f} ms a token: a forward costs as much as {fixed / per_token:.0f} tokens")
+        return 0
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:

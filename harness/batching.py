@@ -12,8 +12,9 @@ plain function calling ``adapter.logits`` did. :func:`run_together` drives the e
 of several cases in lockstep: each round, every evaluation still running has asked for one
 forward; requests that fit one forward are stacked along the batch dimension (a request's
 rows stay together and in order), run once, and each gets its own rows back. On a CPU a
-forward of a 124M model costs about as much as 16 more tokens (docs/performance.md), on a
-GPU far more, so fewer and larger forwards are cheaper for the same rows.
+forward of a 124M model costs as much as 16-21 more tokens (docs/performance.md), so
+fewer and larger forwards are cheaper for the same rows; the tokens themselves are not.
+``Greedy(adapter, batch, n)`` asks for a cached greedy decoding the same way.
 
 Stacking rows of different cases is sound only for a model whose rows do not read each
 other, which the padding suite's ``batch_composition`` check measures; the runner runs it
@@ -36,9 +37,10 @@ from torch import Tensor
 
 from .adapters.base import Adapter, Batch
 
-#: A forward's fixed cost in tokens of per-token cost: measured on this project's 2-core
-#: CPU with one thread, a 124M GPT-2 forward costs about 55 ms plus 3.3 ms a token, so
-#: padding up to 16 tokens into another forward costs less than a forward of its own.
+#: A forward's fixed cost in tokens of per-token cost: on this project's 2-core CPU with one
+#: thread a 124M GPT-2 forward costs 55-66 ms plus 3.15-3.3 ms a token, 16-21 tokens
+#: (``benchmarks/audit_overhead.py --forward-cost``; docs/performance.md). The lower end:
+#: padding that costs more than a forward is never added.
 FORWARD_COST_TOKENS = 16
 #: The most logits one stacked forward may return (rows x length x vocabulary): 256 MiB in float32.
 MAX_LOGITS = 2**26

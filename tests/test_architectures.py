@@ -42,7 +42,8 @@ def test_a_model_that_ignores_its_mask_is_not_excused_by_positions() -> None:
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "architectures.jsonl"
 #: every family: absolute, rotary, ALiBi positions; sliding and mixed windows; MoE;
-#: state-space and hybrid; encoders and encoder-decoder decoders behind a causal-LM head
+#: state-space and hybrid (Mamba, Jamba, Bamba, RWKV); multi-head latent attention
+#: (DeepSeek-V3); encoders and encoder-decoder decoders behind a causal-LM head
 SUBSET = [
     ("gpt2", "causal-lm"), ("llama", "causal-lm"), ("mistral", "causal-lm"), ("qwen2", "causal-lm"),
     ("gemma2", "causal-lm"), ("gemma3_text", "causal-lm"), ("cohere2", "causal-lm"), ("starcoder2", "causal-lm"),
@@ -50,7 +51,7 @@ SUBSET = [
     ("bloom", "causal-lm"), ("falcon", "causal-lm"), ("gpt_neox", "causal-lm"), ("opt", "causal-lm"),
     ("phi", "causal-lm"), ("mamba", "causal-lm"), ("jamba", "causal-lm"), ("rwkv", "causal-lm"),
     ("bert", "causal-lm"), ("roberta", "causal-lm"), ("bart", "causal-lm"), ("xglm", "causal-lm"),
-    ("biogpt", "causal-lm"),
+    ("biogpt", "causal-lm"), ("bamba", "causal-lm"), ("deepseek_v3", "causal-lm"),
 ]
 
 
