@@ -2,7 +2,7 @@
 
     python scripts/confirm_findings.py            # every FAIL of a reproducible suite not confirmed yet
     python scripts/confirm_findings.py --again    # all of them again
-    python scripts/confirm_findings.py --warnings # WARNs too: their behaviour measured the same way
+    python scripts/confirm_findings.py --warnings # WARNs too: the behaviour each describes, measured directly
 
 Each FAIL in docs/architectures.jsonl (suites causal, padding, packing, kv_cache,
 loss_masking) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
@@ -26,33 +26,42 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
 REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking")
-#: WARNs whose behaviour a direct check measures: left padding that shifts positions (padding,
-#: loss_masking, kv_cache). Not positions_from_mask (the direct check passes the position ids
-#: it is about), and not packing: its WARNs are leaks under settings other than the one the
-#: direct check runs, which isolates the sequences.
-MEASURED_WARNS = ("padding", "loss_masking", "kv_cache")
-UNMEASURED_WARNS = {("padding", "positions_from_mask")}
+#: The direct check that measures a WARN's behaviour, by (suite, check): left padding that
+#: shifts positions (padding, loss masking, cached decoding) has the suite's own check; a
+#: model that does not derive positions from the mask, and packing that leaks without the
+#: inputs that isolate sequences, have checks of their own. Cross-attention has none.
+WARN_CHECKS = {("padding", "positions_from_mask"): "positions", "packing": "packing_unisolated", "padding": "padding", "loss_masking": "loss_masking", "kv_cache": "kv_cache"}
+
+
+def direct_check(suite: str, verdict: dict) -> str | None:
+    """The reproduce_finding.py check for a verdict: the suite's own for a FAIL; for a WARN,
+    the one that measures its behaviour (None: no direct check measures it)."""
+    if verdict["status"] == "fail":
+        return suite
+    return WARN_CHECKS.get((suite, verdict.get("check")), WARN_CHECKS.get(suite))
+
+
 DIFFERENCE = re.compile(r"max \|difference\| = ([0-9.eE+-]+|nan|inf)")
 
 
-def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple[str, str, str, str]]:
-    """(type, task, suite, attention implementation) of every verdict of ``statuses`` in a reproducible suite."""
+def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple[str, str, str, str, str]]:
+    """(type, task, suite, attention implementation, direct check) of every verdict of
+    ``statuses`` in a reproducible suite that a direct check measures."""
     latest = {}
     for line in results.read_text().splitlines():
         record = json.loads(line)
         latest[(record["type"], record["task"], record["implementation"])] = record
     return sorted(
-        (model_type, task, suite, implementation)
+        (model_type, task, suite, implementation, check)
         for (model_type, task, implementation), record in latest.items()
         for suite, data in record.get("suites", {}).items()
-        if suite in REPRODUCIBLE and data["status"] in statuses
-        and (data["status"] == "fail" or (suite in MEASURED_WARNS and (suite, data.get("check")) not in UNMEASURED_WARNS))
+        if suite in REPRODUCIBLE and data["status"] in statuses and (check := direct_check(suite, data)) is not None
     )
 
 
-def reproduce(model_type: str, task: str, suite: str, implementation: str, timeout: float) -> dict:
-    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, suite, "--task", task, "--implementation", implementation]
-    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation}
+def reproduce(model_type: str, task: str, suite: str, implementation: str, check: str, timeout: float) -> dict:
+    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, check, "--task", task, "--implementation", implementation]
+    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation, "check": check}
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})
     except subprocess.TimeoutExpired:
@@ -72,14 +81,19 @@ def main() -> int:
     parser.add_argument("--again", action="store_true")
     parser.add_argument("--warnings", action="store_true", help="also measure every WARN's behaviour with its direct check (a real behaviour shows a difference)")
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--implementation", help="only the verdicts of this attention implementation (default: all)")
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
         done = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
-    plan = [key for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",)) if key not in done]
+    plan = [
+        key
+        for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",))
+        if key[:4] not in done and args.implementation in (None, key[3])
+    ]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
-    for index, (model_type, task, suite, implementation) in enumerate(plan, 1):
-        record = reproduce(model_type, task, suite, implementation, args.timeout)
+    for index, (model_type, task, suite, implementation, check) in enumerate(plan, 1):
+        record = reproduce(model_type, task, suite, implementation, check, args.timeout)
         with CONFIRMED.open("a") as out:
             out.write(json.dumps(record) + "\n")
         verdict = {True: "confirmed", False: "NOT CONFIRMED", None: "could not run"}[record["confirmed"]]

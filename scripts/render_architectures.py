@@ -61,17 +61,17 @@ def verdict_keys(built: dict[tuple[str, str], list[dict[str, Any]]], wanted: Cal
 
 
 def measured_warn(suite: str, data: dict[str, Any]) -> bool:
-    """A WARN about left padding, whose behaviour confirm_findings.py --warnings measures."""
-    return suite in ("padding", "loss_masking", "kv_cache") and data["status"] == "warn" and data.get("check") != "positions_from_mask"
+    """A WARN whose behaviour confirm_findings.py --warnings measures (every reproducible suite's)."""
+    return suite in REPRODUCIBLE and data["status"] == "warn"
 
 
 def warn_tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
-    """One line: how many WARNs about left padding the direct checks measured, and what they showed."""
+    """One line: how many WARNs the direct checks measured, and what they showed."""
     keys = verdict_keys(built, measured_warn)
     found = [confirmed[key] for key in keys if key in confirmed]
     shown = sum(1 for r in found if r["confirmed"])
     return (
-        f"Of {len(keys)} such WARN verdicts, {len(found)} were measured by their direct check: "
+        f"Of {len(keys)} WARN verdicts in reproducible suites, {len(found)} were measured by a direct check of their behaviour: "
         f"{shown} show the behaviour with plain transformers, {sum(1 for r in found if r['confirmed'] is False)} do not, "
         f"{sum(1 for r in found if r['confirmed'] is None)} could not run."
     )
@@ -116,10 +116,10 @@ def render(results: Path, out: Path) -> None:
         "`python scripts/confirm_findings.py` runs it for every FAIL and records the result in",
         "`docs/architectures-confirmed.jsonl`, and each FAIL below says what it measured.",
         f"{tally(built, confirmed)}",
-        "`--warnings` measures the behaviour of the WARNs about left padding the same way (padding,",
-        "loss masking, cached decoding; not `positions_from_mask`, whose behaviour the direct check's",
-        "own position ids remove, nor packing, whose WARNs name the settings that leak and the one",
-        "that does not); each of those WARNs below says what the direct check showed.",
+        "`--warnings` measures the behaviour each WARN describes the same way: left padding that",
+        "shifts positions with the suite's own direct check, a model that does not derive positions",
+        "from the mask with `positions`, packing that leaks without isolating inputs with",
+        "`packing_unisolated`; each WARN below says what its direct check showed.",
         f"{warn_tally(built, confirmed)}",
         "",
         "How to read the verdicts: a `WARN` is a real behaviour that is not a leak, with its",

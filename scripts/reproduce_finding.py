@@ -14,6 +14,8 @@ and transformers, so the finding stands without maskcheck:
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
+| positions | (a WARN's behaviour) a left-padded row without position ids against with them |
+| packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input |
 """
 
 from __future__ import annotations
@@ -273,7 +275,47 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return worst, worst > 1e-4
 
 
-CHECKS = {"causal": causal, "padding": padding, "packing": packing, "kv_cache": kv_cache, "loss_masking": loss_masking}
+def positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """The behaviour of a ``positions_from_mask`` WARN: a left-padded row given its mask but no
+    position ids, against the same row given position ids from the mask (as generate()
+    builds them). A difference above 1e-4 means the model does not derive positions from
+    the mask."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    row = torch.cat([torch.full((1, 2), pad), ids(model, 6)], dim=1)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
+    given = predicted(model, row, mask, torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]]))[:, 2:]
+    left_out = predicted(model, row, mask)[:, 2:]
+    difference = float((given - left_out).abs().max())
+    print(f"left-padded row without position ids against with them: max |d log p| = {difference:.3g}")
+    return difference, difference > 1e-4
+
+
+def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """The behaviour of a packing WARN: two sequences packed back to back with none of the
+    inputs that isolate them (no position ids, no mask, the default use_cache), as a
+    flattening collator leaves them. Changing the first must move the second's logits for
+    the WARN's leak to be real; the isolated path (restarting position ids, use_cache=False,
+    the ``packing`` check) is printed beside it."""
+    first, second = ids(model, 4, seed=1), ids(model, 4, seed=2)
+    changed = (first + 1) % vocab_size(model)
+    a = log_probs(model, input_ids=torch.cat([first, second], 1))[:, 4:]
+    b = log_probs(model, input_ids=torch.cat([changed, second], 1))[:, 4:]
+    leak = float((a - b).abs().max())
+    isolated, _ = packing(model, task)
+    print(f"packed back to back with no isolating input: the second sequence moves by {leak:.3g} (isolated path: {isolated:.3g})")
+    return leak, leak > 1e-4
+
+
+CHECKS = {
+    "causal": causal,
+    "padding": padding,
+    "packing": packing,
+    "kv_cache": kv_cache,
+    "loss_masking": loss_masking,
+    # the behaviours WARNs describe (scripts/confirm_findings.py --warnings)
+    "positions": positions,
+    "packing_unisolated": packing_unisolated,
+}
 
 
 def main() -> int:
