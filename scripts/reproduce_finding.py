@@ -59,17 +59,29 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
 
 def set_fields(config: object, recorded: dict) -> None:
     """The recorded fields set on ``config``; a nested config (an encoder-decoder's encoder and
-    decoder, a multimodal model's text config) is recorded as a dict and set field by field."""
+    decoder, a multimodal model's text config) is recorded as a dict and set field by field.
+    Fields the sweep left at their defaults are left alone: setting some validates them
+    against the shrunk ones (NeoMME's per-layer config names layers a shrunk model lacks)."""
     import transformers
 
+    defaults = json.loads(json.dumps(config.to_dict(), default=str))  # as the record holds them
     for key, value in recorded.items():
-        if key in ("model_type", "transformers_version"):
+        if key in ("model_type", "transformers_version") or defaults.get(key) == value:
             continue
-        nested = getattr(config, key, None)
+        nested = config_value(config, key)
         if isinstance(nested, transformers.PretrainedConfig) and isinstance(value, dict):
             set_fields(nested, value)
-        elif nested != value:  # unchanged fields are left alone: setting some validates them against the shrunk ones
+        else:
             setattr(config, key, value)
+
+
+def config_value(config: object, key: str) -> object:
+    """``config.key``, or None where it is missing or varies per layer (a heterogeneous
+    config such as NeoMME's refuses a global read of a per-layer attribute)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - transformers' AmbiguousGlobalPerLayerAttributeError, or another refusal
+        return None
 
 
 def vocab_size(model: torch.nn.Module) -> int:
@@ -139,8 +151,8 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         return later, later == 0.0
     print(f"a later token moves earlier logits by {later:.3g} unpadded, {in_padded:.3g} left-padded")
     worst = max(later, in_padded)
-    window = getattr(model.config, "sliding_window", None)
-    layers = getattr(model.config, "num_hidden_layers", None)
+    window = config_value(model.config, "sliding_window")
+    layers = config_value(model.config, "num_hidden_layers")
     if isinstance(window, int) and isinstance(layers, int) and not model.config.is_encoder_decoder:
         reach = layers * (window - 1)
         long = ids(model, reach + 4, seed=5)
