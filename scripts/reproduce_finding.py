@@ -14,7 +14,7 @@ and transformers, so the finding stands without maskcheck:
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
-| positions | (a WARN's behaviour) a left-padded row without position ids against with them |
+| positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
 | packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input |
 """
 
@@ -290,16 +290,20 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
 def positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """The behaviour of a ``positions_from_mask`` WARN: a left-padded row given its mask but no
     position ids, against the same row given position ids from the mask (as generate()
-    builds them). A difference above 1e-4 means the model does not derive positions from
-    the mask."""
+    builds them) and given positions that count the padding (0 .. T-1, what a model that
+    ignores the mask uses). The model does not derive positions from the mask when the row
+    without position ids is closer to the second than to the first (however small the
+    positional effect of a random-init model is)."""
     pad = getattr(model.config, "pad_token_id", None) or 0
     row = torch.cat([torch.full((1, 2), pad), ids(model, 6)], dim=1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
-    given = predicted(model, row, mask, torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]]))[:, 2:]
+    derived = predicted(model, row, mask, torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]]))[:, 2:]
+    counting_padding = predicted(model, row, mask, torch.arange(8)[None])[:, 2:]
     left_out = predicted(model, row, mask)[:, 2:]
-    difference = float((given - left_out).abs().max())
-    print(f"left-padded row without position ids against with them: max |d log p| = {difference:.3g}")
-    return difference, difference > 1e-4
+    from_derived = float((derived - left_out).abs().max())
+    from_counting = float((counting_padding - left_out).abs().max())
+    print(f"a left-padded row without position ids differs from derived positions by {from_derived:.3g}, from positions counting the padding by {from_counting:.3g}")
+    return from_derived, from_counting < from_derived
 
 
 def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..harness.adapters.base import Adapter, Capabilities
+from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.batching import Evaluation, Logits
 from ..harness.cases import (
     RowBatches,
@@ -179,23 +180,41 @@ class PaddingSuite(Suite):
         return (yield from with_floor(b.adapter, batch_b, batch_b.predicted_mask.bool(), judge))
 
     def positions_from_mask(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
+        """Left-padded rows without position ids against the same rows with positions derived
+        from the mask. A difference is only the model's if the rows without position ids match
+        the positions a model that ignores the mask uses (``0 .. T-1`` over the padding too)
+        better than the derived ones; a model that derives them another way (a float path for
+        its rotary angles, say) differs from both by rounding, and passes."""
         rows = b.rows(case.lengths, case.seed)
         length = max(case.lengths) + case.extra
         with_positions = b.batch(rows, length, "left")
         without = b.batch(rows, length, "left", with_positions=False)
         mask = with_positions.predicted_mask
-        logits_without = yield Logits(b.adapter, without)
+        counting_padding = torch.arange(length, device=mask.device).expand_as(mask) + b.caps.position_offset  # [B, T]
+        ignoring_mask = Batch(without.input_ids, without.attention_mask, counting_padding)
+        logits_without, logits_ignoring = yield [Logits(b.adapter, without), Logits(b.adapter, ignoring_mask)]
 
         def judge(logits: Tensor, floor: float) -> Outcome:
             pairs = [(real_logits(logits, mask, i), real_logits(logits_without, mask, i), i) for i in range(with_positions.size)]
             outcome = aligned_outcome(context, pairs, floor, "left padding without position_ids")
-            if outcome.status == "fail":
-                outcome.status = "warn"
+            if outcome.status != "fail":
+                return outcome
+            shifted = max(float((real_logits(logits_ignoring, mask, i) - real_logits(logits_without, mask, i)).abs().max()) for i in range(with_positions.size))
+            if shifted >= outcome.max_diff:  # no closer to shifted positions than to derived ones: not a shift
+                outcome.status = "pass"
                 outcome.message = (
-                    "the model does not derive positions from attention_mask: with left padding, pass "
-                    "position_ids = attention_mask.cumsum(-1) - 1 (as generate() does), or real tokens get shifted positions. "
-                    + outcome.message
+                    f"without position ids, left-padded rows differ from derived positions by {outcome.max_diff:.3g} (over the threshold "
+                    f"{outcome.threshold:.3g}) but from positions counting the padding by {shifted:.3g}: the model derives positions from "
+                    "the mask by another computation, not a shift"
                 )
+                outcome.positions = []
+                return outcome
+            outcome.status = "warn"
+            outcome.message = (
+                "the model does not derive positions from attention_mask: with left padding, pass "
+                "position_ids = attention_mask.cumsum(-1) - 1 (as generate() does), or real tokens get shifted positions. "
+                + outcome.message
+            )
             return outcome
 
         return (yield from with_floor(b.adapter, with_positions, mask.bool(), judge))
