@@ -28,14 +28,13 @@ widened by padding columns on that side (mask 0, the pad id): ``batch_compositio
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from .adapters.base import Adapter, Batch
+from .adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
 
 #: A forward's fixed cost in tokens of per-token cost: on this project's 2-core CPU with one
 #: thread a 124M GPT-2 forward costs 55-66 ms plus 3.15-3.3 ms a token, 16-21 tokens
@@ -162,7 +161,7 @@ def answer(requests: dict[Any, Logits | Greedy]) -> dict[Any, Any]:
         length = max(r.batch.predicted_ids.shape[1] for r in asked)
         side = _padded_side(asked[0].batch)
         try:
-            logits = asked[0].adapter.logits(_stack([widen(r.batch, length, side, r.adapter) for r in asked]))  # [sum B, length, V]
+            logits = asked[0].adapter.logits(concat([widen(r.batch, length, side, r.adapter) for r in asked]))  # [sum B, length, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
                 replies[i] = _forward(forwards[i])
@@ -180,7 +179,7 @@ def _same_shape(requests: dict[Any, Greedy]) -> list[list[Any]]:
     groups: dict[tuple, list[Any]] = {}
     for key, request in requests.items():
         batch = request.batch
-        shape = tuple(None if v is None else tuple(v.shape) for v in (getattr(batch, name) for name in _FIELDS))
+        shape = tuple(None if v is None else tuple(v.shape) for v in (getattr(batch, name) for name in BATCH_FIELDS))
         kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))
         groups.setdefault((id(request.adapter), shape, kinds), []).append(key)
     return list(groups.values())
@@ -193,7 +192,7 @@ def _decode_together(asked: list[tuple[Any, Greedy]]) -> dict[Any, Any]:
         return {asked[0][0]: _forward(asked[0][1])}
     steps = max(r.new_tokens for _, r in asked)
     try:
-        tokens, logits = greedy(asked[0][1].adapter, _stack([r.batch for _, r in asked]), steps)  # [sum B, n], [sum B, n, V]
+        tokens, logits = greedy(asked[0][1].adapter, concat([r.batch for _, r in asked]), steps)  # [sum B, n], [sum B, n, V]
     except Exception:
         return {key: _forward(r) for key, r in asked}
     replies, start = {}, 0
@@ -255,15 +254,12 @@ def _partition(members: list[Any], requests: dict[Any, Logits], vocab: int, exac
     return groups
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
-
-
 def _stack_key(request: Logits) -> tuple:
     """Requests with equal keys may share a forward. The last element is the side a
     decoder-only batch is padded on, where requests of other lengths may be widened to
     stack; otherwise ``None``, and the lengths are part of the key."""
     batch = request.batch
-    present = tuple(name for name in _FIELDS if getattr(batch, name) is not None)
+    present = tuple(name for name in BATCH_FIELDS if getattr(batch, name) is not None)
     if batch.decoder_input_ids is None:
         kind = _mask_kind(batch.attention_mask)
         if kind in ("left", "right"):
@@ -303,10 +299,9 @@ def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batc
     if extra == 0 or batch.decoder_input_ids is not None:
         return batch
     assert side in ("left", "right"), "only rows padded on one side are widened"
-    pad = adapter.capabilities.pad_token_id
-    fills = {"input_ids": 0 if pad is None else int(pad), "attention_mask": 0, "segment_ids": -1}
+    fills = {"input_ids": pad_token(adapter), "attention_mask": 0, "segment_ids": -1}
     widened = {}
-    for name in _FIELDS:
+    for name in BATCH_FIELDS:
         value = getattr(batch, name)
         if value is None:
             widened[name] = None
@@ -315,11 +310,3 @@ def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batc
         fill = edge.expand(-1, extra) if name == "position_ids" else torch.full((value.shape[0], extra), fills[name], dtype=value.dtype, device=value.device)
         widened[name] = torch.cat([fill, value] if side == "left" else [value, fill], dim=1)  # [B, length]
     return Batch(**widened)
-
-
-def _stack(batches: list[Batch]) -> Batch:
-    fields = {}
-    for name in _FIELDS:
-        values = [getattr(b, name) for b in batches]
-        fields[name] = None if values[0] is None else torch.cat(values, dim=0)
-    return Batch(**fields)

@@ -7,23 +7,16 @@ case gives the same ids in every process.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from .adapters.base import Adapter, Batch, positions_from_mask
+from .adapters.base import Adapter, Batch, concat, pad_token, positions_from_mask
 from .batching import Evaluation, Logits
 from .suite import Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
-
-
-def pad_token(adapter: Adapter) -> int:
-    """The id used to fill padded slots: the model's pad id, else 0 (a masked slot's id must not matter)."""
-    pad = adapter.capabilities.pad_token_id
-    return 0 if pad is None else int(pad)
 
 
 def random_ids(seed: int, shape: Sequence[int], vocab_size: int, avoid: int | None = None, device: str = "cpu") -> Tensor:
@@ -76,23 +69,6 @@ def positions_for(adapter: Adapter, mask: Tensor) -> Tensor | None:
     if not adapter.capabilities.takes_position_ids:
         return None
     return positions_from_mask(mask, offset=adapter.capabilities.position_offset)
-
-
-_BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
-
-
-def concat(batches: Sequence[Batch]) -> Batch:
-    """Stack batches of the same length along the batch dimension."""
-    fields = {}
-    for name in _BATCH_FIELDS:
-        values = [getattr(b, name) for b in batches]
-        if all(v is None for v in values):
-            fields[name] = None
-        elif any(v is None for v in values):
-            raise ValueError(f"cannot concatenate batches where only some have {name}")
-        else:
-            fields[name] = torch.cat(values, dim=0)
-    return Batch(**fields)
 
 
 def same_shape_outcome(

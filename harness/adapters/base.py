@@ -319,6 +319,29 @@ def extend(mask: Tensor, next_position: Tensor, attention_mask: Tensor | None, n
     return full_mask, positions, next_position + attention_mask.sum(-1, dtype=torch.long)
 
 
+BATCH_FIELDS = tuple(f.name for f in dataclasses.fields(Batch))
+
+
+def concat(batches: list[Batch] | tuple[Batch, ...]) -> Batch:
+    """Stack batches of the same length along the batch dimension."""
+    fields = {}
+    for name in BATCH_FIELDS:
+        values = [getattr(b, name) for b in batches]
+        if all(v is None for v in values):
+            fields[name] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"cannot concatenate batches where only some have {name}")
+        else:
+            fields[name] = torch.cat(values, dim=0)
+    return Batch(**fields)
+
+
+def pad_token(adapter: "Adapter") -> int:
+    """The id used to fill padded slots: the model's pad id, else 0 (a masked slot's id must not matter)."""
+    pad = adapter.capabilities.pad_token_id
+    return 0 if pad is None else int(pad)
+
+
 def positions_from_mask(mask: Tensor, start: Tensor | None = None, offset: int = 0) -> Tensor:
     """Position ids counting only real tokens (``[0, 0, 1, 1] -> [0, 0, 0, 1]``), offset by ``start [B]``."""
     counts = mask.cumsum(-1, dtype=torch.long)  # [B, T], a new tensor: the in-place ops below are safe
