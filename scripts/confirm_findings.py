@@ -3,6 +3,7 @@
     python scripts/confirm_findings.py            # every FAIL of a reproducible suite not confirmed yet
     python scripts/confirm_findings.py --again    # all of them again
     python scripts/confirm_findings.py --warnings # WARNs too: the behaviour each describes, measured directly
+    python scripts/confirm_findings.py --again --warnings --type roberta --type mra  # some types again
 
 Each FAIL in docs/architectures.jsonl (suites causal, padding, packing, kv_cache,
 loss_masking) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
@@ -82,6 +83,7 @@ def main() -> int:
     parser.add_argument("--warnings", action="store_true", help="also measure every WARN's behaviour with its direct check (a real behaviour shows a difference)")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--implementation", help="only the verdicts of this attention implementation (default: all)")
+    parser.add_argument("--type", action="append", dest="types", metavar="TYPE", help="only this model type (repeatable; default: all)")
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
@@ -89,7 +91,7 @@ def main() -> int:
     plan = [
         key
         for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",))
-        if key[:4] not in done and args.implementation in (None, key[3])
+        if key[:4] not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types)
     ]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
     for index, (model_type, task, suite, implementation, check) in enumerate(plan, 1):

@@ -5,14 +5,15 @@
 It rebuilds the model the sweep audited (the config recorded in docs/architectures.jsonl,
 random weights, seed 0) and runs one direct check of the suite's property on it, printing
 the largest change of a log-probability that must not change. Everything below is torch
-and transformers, so the finding stands without maskcheck:
+and transformers, so the finding stands without maskcheck. Position ids it passes start
+where the model's own start (measured: RoBERTa-style models count from padding_idx + 1).
 
 | suite | what must not change |
 |---|---|
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
-| kv_cache | generate()'s cached logits on a left-padded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
+| kv_cache | generate()'s cached logits on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
 | positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
 | packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input |
@@ -21,6 +22,7 @@ and transformers, so the finding stands without maskcheck:
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -117,6 +119,27 @@ def predicted(model: torch.nn.Module, row: torch.Tensor, mask: torch.Tensor | No
     return log_probs(model, **inputs)
 
 
+@functools.cache
+def first_position(model: torch.nn.Module) -> int:
+    """The position id the model gives a sequence's first token, measured by calling: the offset
+    whose ``position_ids`` reproduce a call without them (RoBERTa-style models count from
+    ``padding_idx + 1``). 0 for a model that takes no position ids or that none reproduces."""
+    if model.config.is_encoder_decoder or not takes(model, "position_ids"):
+        return 0
+    row = ids(model, 4)
+    own = log_probs(model, input_ids=row)
+    pad = getattr(model.config, "pad_token_id", None)
+    for offset in dict.fromkeys([0, *([pad + 1] if isinstance(pad, int) else []), 1, 2]):
+        if torch.allclose(log_probs(model, input_ids=row, position_ids=torch.arange(4)[None] + offset), own, atol=1e-6):
+            return offset
+    return 0
+
+
+def position_ids(model: torch.nn.Module, values: list[int]) -> torch.Tensor:
+    """``values`` (0 = a sequence's first token) as the model's own position ids: [1, len]."""
+    return torch.tensor([values]) + first_position(model)
+
+
 def takes(model: torch.nn.Module, name: str) -> bool:
     parameters = inspect.signature(type(model).forward).parameters
     return name in parameters
@@ -136,7 +159,7 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     row = ids(model, 8)
     pad = getattr(model.config, "pad_token_id", None) or 0
     mask = torch.tensor([[0, 0] + [1] * 8])
-    positions = torch.tensor([[0, 0] + list(range(8))])
+    positions = position_ids(model, [0, 0] + list(range(8)))
     padded_row = torch.cat([torch.full((1, 2), pad), row], 1)
     base, padded = predicted(model, row), predicted(model, padded_row, mask, positions)[:, 2:]
     later = in_padded = 0.0
@@ -173,7 +196,7 @@ def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     row = torch.cat([torch.full((1, 2), pad), real], dim=1)
     other = torch.cat([torch.full((1, 2), (pad + 5) % vocab_size(model)), real], dim=1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
-    positions = torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]])
+    positions = position_ids(model, [0, 0, 0, 1, 2, 3, 4, 5])
     padded = predicted(model, row, mask, positions)[:, 2:]
     by_ids = float((padded - predicted(model, other, mask, positions)[:, 2:]).abs().max())
     by_padding = float((padded - predicted(model, real)).abs().max())
@@ -186,7 +209,7 @@ def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     changed = (first + 1) % vocab_size(model)
     inputs = {}
     if takes(model, "position_ids"):  # the padding-free path: positions restart per sequence, no mask, no cache
-        inputs["position_ids"] = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+        inputs["position_ids"] = position_ids(model, [0, 1, 2, 3, 0, 1, 2, 3])
     if takes(model, "use_cache"):
         inputs["use_cache"] = False
     a = log_probs(model, input_ids=torch.cat([first, second], 1), **inputs)[:, 4:]
@@ -197,43 +220,54 @@ def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
 
 def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """generate()'s own cached greedy decoding of a left-padded batch (prompts of 4 and 2
-    tokens) against one forward per row, alone and unpadded, over its prompt and the tokens
+    tokens) and of an unpadded one (two prompts of 4: rows that mix show without padding)
+    against one forward per row, alone and unpadded, over its prompt and the tokens
     generated for it; then, for decoders, a chunk of 2 tokens fed after a cache through the
-    model's own generation methods, as assisted decoding feeds its candidates. Prints both;
-    returns the larger."""
-
-    pad = getattr(model.config, "pad_token_id", None) or 0
-    prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
-    rows = torch.cat([prompts[0], torch.cat([torch.full((1, 2), pad), prompts[1]], 1)])  # [2, 4], row 1 left-padded
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    encoder_decoder = model.config.is_encoder_decoder
-    sources = [ids(model, 5, seed=3), ids(model, 5, seed=4)]
-    prompt = {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask} if encoder_decoder else {"input_ids": rows, "attention_mask": mask}
-    if encoder_decoder:  # a shrunk config may name no start token; generate() then refuses to run
-        prompt["decoder_start_token_id"] = getattr(model.config, "decoder_start_token_id", None) or pad
-    with torch.no_grad():
-        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
-    generated = F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)  # [2, 4, V]
-    new = out.sequences[:, -4:]  # [2, 4]
-    started = out.sequences.shape[1] - 8  # generate() may put a decoder start token first
-    by_generate = 0.0
-    for i, own in enumerate(prompts):
-        fed = torch.cat([out.sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
-        inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if encoder_decoder else {"input_ids": fed}
-        alone = log_probs(model, **inputs)[0, -4:]  # [4, V]: the positions generate() chose from
-        by_generate = max(by_generate, float((alone - generated[i]).abs().max()))
-    print(f"generate() on a left-padded batch, one token a step: max |d log p| = {by_generate:.3g}")
-    if encoder_decoder:
+    model's own generation methods, as assisted decoding feeds its candidates. Prints each;
+    returns the largest."""
+    padded = generated_against_alone(model, [ids(model, 4, seed=1), ids(model, 2, seed=2)])
+    print(f"generate() on a left-padded batch, one token a step: max |d log p| = {padded:.3g}")
+    unpadded = generated_against_alone(model, [ids(model, 4, seed=1), ids(model, 4, seed=2)])
+    print(f"generate() on an unpadded batch of 2, one token a step: max |d log p| = {unpadded:.3g}")
+    by_generate = max(padded, unpadded)
+    if model.config.is_encoder_decoder:
         return by_generate, by_generate > 1e-4
-    row = torch.cat([prompts[0], new[:1, :2]], dim=1)  # [1, 6]
+    with torch.no_grad():
+        first = model.generate(input_ids=ids(model, 4, seed=1), max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=getattr(model.config, "pad_token_id", None) or 0)
     try:
-        by_chunk = chunk_after_cache(model, row)
+        by_chunk = chunk_after_cache(model, first[:, -6:])
     except Exception as exc:  # noqa: BLE001 - a model whose cache refuses chunks (ProphetNet) still has its generate() result
         print(f"a chunk of 2 tokens after a cache: the model refuses it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
         return by_generate, by_generate > 1e-4
     print(f"a chunk of 2 tokens after a cache of 4: max |d log p| = {by_chunk:.3g}")
     worst = max(by_generate, by_chunk)
     return worst, worst > 1e-4
+
+
+def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
+    """generate() (greedy, 4 new tokens, its own cache) on ``prompts`` left-padded into one
+    batch, against each row's own forward, alone and unpadded, over the same tokens."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    length = max(p.shape[1] for p in prompts)
+    rows = torch.cat([torch.cat([torch.full((1, length - p.shape[1]), pad), p], 1) for p in prompts])  # [B, length], left-padded
+    mask = torch.cat([torch.cat([torch.zeros(1, length - p.shape[1], dtype=torch.long), torch.ones_like(p)], 1) for p in prompts])
+    encoder_decoder = model.config.is_encoder_decoder
+    sources = [ids(model, 5, seed=3 + i) for i in range(len(prompts))]
+    prompt = {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask} if encoder_decoder else {"input_ids": rows, "attention_mask": mask}
+    if encoder_decoder:  # a shrunk config may name no start token; generate() then refuses to run
+        prompt["decoder_start_token_id"] = getattr(model.config, "decoder_start_token_id", None) or pad
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
+    generated = F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)  # [B, 4, V]
+    new = out.sequences[:, -4:]  # [B, 4]
+    started = out.sequences.shape[1] - length - 4  # generate() may put a decoder start token first
+    worst = 0.0
+    for i, own in enumerate(prompts):
+        fed = torch.cat([out.sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
+        inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if encoder_decoder else {"input_ids": fed}
+        alone = log_probs(model, **inputs)[0, -4:]  # [4, V]: the positions generate() chose from
+        worst = max(worst, float((alone - generated[i]).abs().max()))
+    return worst
 
 
 def chunk_after_cache(model: torch.nn.Module, row: torch.Tensor) -> float:
@@ -245,7 +279,7 @@ def chunk_after_cache(model: torch.nn.Module, row: torch.Tensor) -> float:
     with torch.no_grad():
         kwargs = {"use_cache": True, "attention_mask": torch.ones(1, 4, dtype=torch.long)}
         if takes(model, "position_ids"):
-            kwargs["position_ids"] = torch.arange(4)[None]
+            kwargs["position_ids"] = position_ids(model, [0, 1, 2, 3])
         model._prepare_cache_for_generation(GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, 1, 16)
         prefill = model(**model.prepare_inputs_for_generation(row[:, :4], is_first_iteration=True, **kwargs), return_dict=True)
         kwargs = model._update_model_kwargs_for_generation(prefill, kwargs, num_new_tokens=2)
@@ -269,7 +303,7 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     pad = getattr(model.config, "pad_token_id", None) or 0
     padded = torch.cat([torch.full((1, 2), pad), row], dim=1)
     mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones_like(row)], dim=1)
-    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if takes(model, "position_ids") else {}
+    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0) + first_position(model)} if takes(model, "position_ids") else {}
     with torch.no_grad():
         alone = model(input_ids=row, labels=row).loss
         # The first real token has no real token before it: alone it is never a target, so padded it is none either.
@@ -291,14 +325,14 @@ def positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """The behaviour of a ``positions_from_mask`` WARN: a left-padded row given its mask but no
     position ids, against the same row given position ids from the mask (as generate()
     builds them) and given positions that count the padding (0 .. T-1, what a model that
-    ignores the mask uses). The model does not derive positions from the mask when the row
+    ignores the mask uses), both from the model's own first position. The model does not derive positions from the mask when the row
     without position ids is closer to the second than to the first (however small the
     positional effect of a random-init model is)."""
     pad = getattr(model.config, "pad_token_id", None) or 0
     row = torch.cat([torch.full((1, 2), pad), ids(model, 6)], dim=1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
-    derived = predicted(model, row, mask, torch.tensor([[0, 0, 0, 1, 2, 3, 4, 5]]))[:, 2:]
-    counting_padding = predicted(model, row, mask, torch.arange(8)[None])[:, 2:]
+    derived = predicted(model, row, mask, position_ids(model, [0, 0, 0, 1, 2, 3, 4, 5]))[:, 2:]
+    counting_padding = predicted(model, row, mask, position_ids(model, list(range(8))))[:, 2:]
     left_out = predicted(model, row, mask)[:, 2:]
     from_derived = float((derived - left_out).abs().max())
     from_counting = float((counting_padding - left_out).abs().max())

@@ -31,7 +31,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.base import Adapter, Batch, Capabilities, LogitsShapeError
 from ..harness.batching import Evaluation, Greedy, Logits
 from ..harness.cases import (
     RowBatches,
@@ -100,6 +100,22 @@ def generation_cases(capabilities: Capabilities) -> st.SearchStrategy[Generation
     )
 
 
+def misshapen_cache(adapter: Adapter, batch: Batch, error: LogitsShapeError) -> Evaluation:
+    """The verdict when a cached forward returned logits of the wrong shape: a FAIL when the
+    full forward of the same rows has the right one (the cache path then computes something
+    else than the model, which no tolerance can compare), an error when it does not (the
+    model's logits are wrong everywhere: raised by the forward below)."""
+    full = yield Logits(adapter, batch)  # [B, T, V]
+    return Outcome(
+        "fail",
+        message=(
+            f"a cached forward returned {error.what} of shape {error.shape} where [B, T, V] = {error.expected} was due, "
+            f"while the full forward of this case's rows (no cache) returns the right shape, {list(full.shape)}: the cached forward does not give one row of logits per row and token, "
+            "so what generate() reads from it (each row's last position) is not the model's prediction for that row"
+        ),
+    )
+
+
 class CacheBatches(RowBatches):
     """Left-padded decoder batches; encoder-decoders get a right-padded source per row, of
     2 to 4 tokens plus the case's padding, so the cross-attention cache must keep its mask."""
@@ -150,13 +166,16 @@ class KVCacheSuite(Suite):
         assert mask is not None
         where = mask.bool()
 
-        incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
-        pieces, start, spans = [incremental], prompt, []
-        for n in case.chunks:
-            step_logits, state = b.adapter.step(state, full.predicted_ids[:, start : start + n])  # [B, n, V]
-            pieces.append(step_logits)
-            spans.append((start, n))
-            start += n
+        try:
+            incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
+            pieces, start, spans = [incremental], prompt, []
+            for n in case.chunks:
+                step_logits, state = b.adapter.step(state, full.predicted_ids[:, start : start + n])  # [B, n, V]
+                pieces.append(step_logits)
+                spans.append((start, n))
+                start += n
+        except LogitsShapeError as error:
+            return (yield from misshapen_cache(b.adapter, full, error))
         cached = torch.cat(pieces, dim=1)  # [B, T, V]
         chunks = " + ".join(str(n) for n in case.chunks)
         what = f"cached decoding (prefill {prompt}, then steps of {chunks}) differs from the full forward"
@@ -184,7 +203,10 @@ class KVCacheSuite(Suite):
 
         def decoded(copies: int) -> Evaluation:
             """Decode ``copies`` copies of the batch (2: the copy gives the floor) and judge the first."""
-            tokens, logits = yield Greedy(b.adapter, concat([batch] * copies), case.new_tokens)  # [cB, n], [cB, n, V]
+            try:
+                tokens, logits = yield Greedy(b.adapter, concat([batch] * copies), case.new_tokens)  # [cB, n], [cB, n, V]
+            except LogitsShapeError as error:
+                return (yield from misshapen_cache(b.adapter, batch, error))
             floor = repeat_floor(logits, size, torch.ones(size, case.new_tokens, dtype=torch.bool)) if copies == 2 else 0.0
             fed = [torch.cat([row, tokens[i, :-1].to(row.device)]) for i, row in enumerate(rows)]  # [P + n - 1]: the prompt and what the batch generated before the last step
             alone = yield [Logits(b.adapter, b.left_padded([f], f.numel(), case.source_padding, first_row=i)) for i, f in enumerate(fed)]  # [1, P + n - 1, V] each

@@ -118,6 +118,31 @@ def test_a_model_that_claims_a_cache_but_ignores_it_fails_kv_cache() -> None:
     assert check.status == "fail" and "cached decoding" in check.message
 
 
+def test_a_cache_path_that_returns_mixed_rows_fails_kv_cache_while_a_wrong_shape_everywhere_is_an_error() -> None:
+    """RWKV's cached forward of one token broadcasts a [B, H] state against [B, 1, H] and returns
+    [B, B, V]: a defect of the cache path (the full forward has the right shape), not a harness error."""
+    from maskcheck.harness.adapters.reference import ReferenceAdapter
+
+    class RowMixing(ReferenceAdapter):
+        def _step(self, state, tokens, attention_mask):  # type: ignore[no-untyped-def]
+            logits, state = super()._step(state, tokens, attention_mask)
+            rows = logits.shape[0]
+            return logits[None, :, -1].expand(rows, rows, -1) if tokens.shape[1] == 1 else logits, state  # [B, B, V]: right for one row
+
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny-decoder"])
+    checks = {c.name: c for c in audit(RowMixing(model), ["kv_cache"]).suite("kv_cache").checks}
+    for check in checks.values():
+        assert check.status == "fail" and "the full forward of this case's rows (no cache) returns the right shape" in check.message, check.message
+
+    class WrongEverywhere(RowMixing):
+        def _logits(self, batch):  # type: ignore[no-untyped-def]
+            logits = super()._logits(batch)
+            return torch.cat([logits, logits[:, :1]], dim=1)  # [B, T + 1, V]
+
+    assert {c.status for c in audit(WrongEverywhere(model), ["kv_cache"]).suite("kv_cache").checks} == {"error"}
+
+
 def test_ctrl_c_keeps_the_verdicts_that_finished(tmp_path: Path) -> None:
     """A KeyboardInterrupt in the second suite: exit 130, and the report names what did not run."""
     (tmp_path / "interrupting.py").write_text(

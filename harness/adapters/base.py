@@ -26,6 +26,16 @@ class AdapterError(Exception):
     """The model behind an adapter misbehaved: raised, returned the wrong shape, left eval mode."""
 
 
+class LogitsShapeError(AdapterError):
+    """The model returned a tensor of logits of another shape than ``[B, T, V]``. A suite may
+    turn it into a verdict where the shape itself breaks its property (a cached forward
+    whose rows mix, while the full forward of the same rows has the right shape)."""
+
+    def __init__(self, what: str, shape: list[int], expected: list[int]) -> None:
+        super().__init__(f"the model returned {what} of shape {shape}, expected [B, T, V] = {expected}")
+        self.what, self.shape, self.expected = what, shape, expected
+
+
 class LayoutUnavailable(Exception):
     """The weights cannot be loaded under the asked layout (parameters it needs are missing)."""
 
@@ -147,7 +157,7 @@ def check_logits(logits: Any, batch: int, length: int, vocab_size: int, what: st
         raise AdapterError(f"the model returned {type(logits).__name__} for its {what}, expected a tensor [B, T, V]")
     expected = (batch, length, vocab_size)
     if tuple(logits.shape) != expected:
-        raise AdapterError(f"the model returned {what} of shape {list(logits.shape)}, expected [B, T, V] = {list(expected)}")
+        raise LogitsShapeError(what, list(logits.shape), list(expected))
     return logits
 
 

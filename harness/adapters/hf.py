@@ -315,6 +315,10 @@ class HFAdapter(Adapter):
         family = FAMILY_OF_TASK[chosen]
         keywords = ForwardKeywords.of(model)
         self.cache_keyword = "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
+        # Whatever its cache keyword (RWKV's is ``state``), a forward that takes ``use_cache``
+        # is called without a cache for a full forward: one cached forward of one token is
+        # another path (RWKV's mixes the rows of a batch).
+        self.takes_use_cache = keywords.named("use_cache") and chosen != "masked-lm"
         vocab_size = _output_vocab(model)
         check_logit_rows(model, chosen, vocab_size)
         offset = position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0
@@ -449,7 +453,7 @@ class HFAdapter(Adapter):
             inputs["decoder_input_ids"] = batch.decoder_input_ids
             if batch.decoder_attention_mask is not None:
                 inputs["decoder_attention_mask"] = batch.decoder_attention_mask
-        if self.cache_keyword is not None and self.task != "masked-lm" and self.use_cache is not None:
+        if self.takes_use_cache and self.use_cache is not None:
             inputs["use_cache"] = self.use_cache
         return inputs
 
