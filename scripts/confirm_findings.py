@@ -6,7 +6,7 @@
     python scripts/confirm_findings.py --again --warnings --type roberta --type mra  # some types again
 
 Each FAIL in docs/architectures.jsonl (suites causal, padding, packing, kv_cache,
-loss_masking) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
+loss_masking, cross_attention) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
 subprocess (no maskcheck code runs there) and the result goes to
 docs/architectures-confirmed.jsonl: the largest difference the direct check measured and
 whether the property failed (the script's exit status 1). `--render` of the sweep then marks every finding confirmed or not:
@@ -26,12 +26,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
-REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking")
+REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
 #: The direct check that measures a WARN's behaviour, by (suite, check): left padding that
 #: shifts positions (padding, loss masking, cached decoding) has the suite's own check; a
 #: model that does not derive positions from the mask, and packing that leaks without the
-#: inputs that isolate sequences, have checks of their own. Cross-attention has none.
-WARN_CHECKS = {("padding", "positions_from_mask"): "positions", "packing": "packing_unisolated", "padding": "padding", "loss_masking": "loss_masking", "kv_cache": "kv_cache"}
+#: inputs that isolate sequences, and a left-padded source that shifts positions, have checks of their own.
+WARN_CHECKS = {
+    ("padding", "positions_from_mask"): "positions",
+    ("cross_attention", "source_padding_amount"): "source_positions",
+    "packing": "packing_unisolated",
+    "padding": "padding",
+    "loss_masking": "loss_masking",
+    "kv_cache": "kv_cache",
+}
 
 
 def direct_check(suite: str, verdict: dict) -> str | None:
@@ -84,6 +91,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--implementation", help="only the verdicts of this attention implementation (default: all)")
     parser.add_argument("--type", action="append", dest="types", metavar="TYPE", help="only this model type (repeatable; default: all)")
+    parser.add_argument("--suite", action="append", dest="suites", choices=REPRODUCIBLE, help="only this suite's verdicts (repeatable; default: all)")
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
@@ -91,7 +99,7 @@ def main() -> int:
     plan = [
         key
         for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",))
-        if key[:4] not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types)
+        if key[:4] not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types) and (not args.suites or key[2] in args.suites)
     ]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
     for index, (model_type, task, suite, implementation, check) in enumerate(plan, 1):

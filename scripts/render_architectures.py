@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 SUITES = ("causal", "padding", "loss_masking", "packing", "kv_cache", "cross_attention", "norm_checkpoint")
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "error": "ERROR", "not_applicable": "n/a", "not_run": "NOT RUN"}
-REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking")
+REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
 
 
 def latest(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -150,8 +150,9 @@ def render(results: Path, out: Path) -> None:
                 message = message if len(message) <= 300 else message[:297] + "..."
                 impl = "" if record["implementation"] == "default" else f" --implementation {record['implementation']}"
                 task_flag = "" if task == "causal-lm" else f" --task {task}"
-                reproduce = f" Reproduce: `python scripts/reproduce_finding.py {model_type} {suite}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
                 measured = confirmed.get((model_type, task, suite, record["implementation"]))
+                check = measured.get("check", suite) if measured else suite  # a WARN's behaviour has a direct check of its own
+                reproduce = f" Reproduce: `python scripts/reproduce_finding.py {model_type} {check}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
                 if suite in REPRODUCIBLE and data["status"] == "fail":
                     reproduce += confirmation_note(measured)
                 elif measured_warn(suite, data) and measured is not None:

@@ -13,10 +13,12 @@ where the model's own start (measured: RoBERTa-style models count from padding_i
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
-| kv_cache | generate()'s cached logits on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
+| kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
+| cross_attention | an encoder-decoder's decoder logits when the ids in left-padded source slots change (source mask given); a right-padded source against the source alone |
 | positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
 | packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input |
+| source_positions | (a WARN's behaviour) a left-padded source against the source alone moves the decoder's logits while its padding is masked (pad ids change nothing, right padding matches) |
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import functools
 import inspect
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -225,17 +228,22 @@ def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     generated for it; then, for decoders, a chunk of 2 tokens fed after a cache through the
     model's own generation methods, as assisted decoding feeds its candidates. Prints each;
     returns the largest."""
-    padded = generated_against_alone(model, [ids(model, 4, seed=1), ids(model, 2, seed=2)])
+    prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
+    by_toggle = cache_toggled(model, prompts)
+    print(f"generate() on a left-padded batch with its cache against without (use_cache=False): max |d log p| = {by_toggle:.3g}")
+    if not feeds_prompt_as_is(model):
+        print("generate() does not feed this model its prompt as it is (it prepares other inputs), so only generate() against itself applies")
+        return by_toggle, by_toggle > 1e-4
+    padded = generated_against_alone(model, prompts)
     print(f"generate() on a left-padded batch, one token a step: max |d log p| = {padded:.3g}")
     unpadded = generated_against_alone(model, [ids(model, 4, seed=1), ids(model, 4, seed=2)])
     print(f"generate() on an unpadded batch of 2, one token a step: max |d log p| = {unpadded:.3g}")
-    by_generate = max(padded, unpadded)
+    by_generate = max(padded, unpadded, by_toggle)
     if model.config.is_encoder_decoder:
         return by_generate, by_generate > 1e-4
-    with torch.no_grad():
-        first = model.generate(input_ids=ids(model, 4, seed=1), max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=getattr(model.config, "pad_token_id", None) or 0)
+    sequences, _ = greedy(model, generation_inputs(model, prompts[:1])[0])
     try:
-        by_chunk = chunk_after_cache(model, first[:, -6:])
+        by_chunk = chunk_after_cache(model, sequences[:, :6])
     except Exception as exc:  # noqa: BLE001 - a model whose cache refuses chunks (ProphetNet) still has its generate() result
         print(f"a chunk of 2 tokens after a cache: the model refuses it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
         return by_generate, by_generate > 1e-4
@@ -244,28 +252,65 @@ def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return worst, worst > 1e-4
 
 
-def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
-    """generate() (greedy, 4 new tokens, its own cache) on ``prompts`` left-padded into one
-    batch, against each row's own forward, alone and unpadded, over the same tokens."""
+def feeds_prompt_as_is(model: torch.nn.Module) -> bool:
+    """Whether generate() feeds a decoder-only model its prompt unchanged (XLM appends a mask
+    token to every forward's input, XLNet a dummy token)."""
+    if model.config.is_encoder_decoder:
+        return True
+    prompt = ids(model, 2)
+    prepared = model.prepare_inputs_for_generation(prompt, is_first_iteration=True, use_cache=True, attention_mask=torch.ones_like(prompt))
+    fed = prepared.get("input_ids")
+    return not isinstance(fed, torch.Tensor) or fed.shape[1] == 2
+
+
+def generation_inputs(model: torch.nn.Module, prompts: list[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """generate()'s keywords for ``prompts`` left-padded into one batch (an encoder-decoder
+    gets them as its decoder's start, with a source of 5 tokens per row), and the sources."""
     pad = getattr(model.config, "pad_token_id", None) or 0
     length = max(p.shape[1] for p in prompts)
     rows = torch.cat([torch.cat([torch.full((1, length - p.shape[1]), pad), p], 1) for p in prompts])  # [B, length], left-padded
     mask = torch.cat([torch.cat([torch.zeros(1, length - p.shape[1], dtype=torch.long), torch.ones_like(p)], 1) for p in prompts])
-    encoder_decoder = model.config.is_encoder_decoder
     sources = [ids(model, 5, seed=3 + i) for i in range(len(prompts))]
-    prompt = {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask} if encoder_decoder else {"input_ids": rows, "attention_mask": mask}
-    if encoder_decoder:  # a shrunk config may name no start token; generate() then refuses to run
-        prompt["decoder_start_token_id"] = getattr(model.config, "decoder_start_token_id", None) or pad
+    if not model.config.is_encoder_decoder:
+        return {"input_ids": rows, "attention_mask": mask, "pad_token_id": pad}, sources
+    # a shrunk config may name no start token; generate() then refuses to run
+    start = getattr(model.config, "decoder_start_token_id", None) or pad
+    return {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask, "decoder_start_token_id": start, "pad_token_id": pad}, sources
+
+
+def greedy(model: torch.nn.Module, inputs: dict[str, torch.Tensor], use_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """generate()'s greedy decoding of 4 new tokens: the sequences and the log-probabilities each new token was chosen from [B, 4, V]."""
     with torch.no_grad():
-        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
-    generated = F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)  # [B, 4, V]
-    new = out.sequences[:, -4:]  # [B, 4]
-    started = out.sequences.shape[1] - length - 4  # generate() may put a decoder start token first
+        out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, use_cache=use_cache)
+    return out.sequences, F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)
+
+
+def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
+    """generate() with its cache against generate() without (use_cache=False), step by step
+    while the two have chosen the same tokens."""
+    inputs, _ = generation_inputs(model, prompts)
+    cached_sequences, cached = greedy(model, inputs)
+    plain_sequences, plain = greedy(model, inputs, use_cache=False)
+    worst = 0.0
+    for i in range(len(prompts)):
+        differ = (cached_sequences[i, -4:] != plain_sequences[i, -4:]).nonzero().flatten()
+        steps = int(differ[0]) + 1 if differ.numel() else 4  # later steps continue other tokens
+        worst = max(worst, float((cached[i, :steps] - plain[i, :steps]).abs().max()))
+    return worst
+
+
+def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
+    """generate() (greedy, 4 new tokens, its own cache) on ``prompts`` left-padded into one
+    batch, against each row's own forward, alone and unpadded, over the same tokens."""
+    inputs, sources = generation_inputs(model, prompts)
+    sequences, generated = greedy(model, inputs)  # [B, ...], [B, 4, V]
+    new = sequences[:, -4:]  # [B, 4]
+    started = sequences.shape[1] - max(p.shape[1] for p in prompts) - 4  # generate() may put a decoder start token first
     worst = 0.0
     for i, own in enumerate(prompts):
-        fed = torch.cat([out.sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
-        inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if encoder_decoder else {"input_ids": fed}
-        alone = log_probs(model, **inputs)[0, -4:]  # [4, V]: the positions generate() chose from
+        fed = torch.cat([sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
+        row_inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if model.config.is_encoder_decoder else {"input_ids": fed}
+        alone = log_probs(model, **row_inputs)[0, -4:]  # [4, V]: the positions generate() chose from
         worst = max(worst, float((alone - generated[i]).abs().max()))
     return worst
 
@@ -321,6 +366,56 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return worst, worst > 1e-4
 
 
+def source_pair(model: torch.nn.Module) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, int]:
+    """A function from (source ids, source mask) to the decoder's log-probabilities over a fixed
+    decoder row of 4 tokens; the source of 5 tokens it is compared on; the pad id."""
+    if not model.config.is_encoder_decoder:
+        raise SystemExit(f"{type(model).__name__} is no encoder-decoder: it has no cross-attention")
+    decoder = ids(model, 4, seed=5)
+
+    def decoded(source: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return log_probs(model, input_ids=source, attention_mask=mask, decoder_input_ids=decoder)  # [1, 4, V]
+
+    return decoded, ids(model, 5, seed=SOURCE_SEED), getattr(model.config, "pad_token_id", None) or 0
+
+
+def padded_source(source: torch.Tensor, fill: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``source [1, S]`` with two slots of ``fill`` on ``side``, and its mask [1, S + 2]."""
+    slots, ones = torch.full((1, 2), fill), torch.ones_like(source)
+    if side == "left":
+        return torch.cat([slots, source], 1), torch.cat([torch.zeros_like(slots), ones], 1)
+    return torch.cat([source, slots], 1), torch.cat([ones, torch.zeros_like(slots)], 1)
+
+
+def cross_attention(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """The decoder's logits when the ids in two left-padded source slots change (source mask
+    given; same shapes, so any difference is a leak), and with a right-padded source against
+    the source alone (real tokens keep their positions; a difference above 1e-4). Prints both."""
+    decoded, source, pad = source_pair(model)
+    row, mask = padded_source(source, pad, "left")
+    other, _ = padded_source(source, (pad + 5) % vocab_size(model), "left")
+    by_ids = float((decoded(row, mask) - decoded(other, mask)).abs().max())
+    by_right = float((decoded(*padded_source(source, pad, "right")) - decoded(source, torch.ones_like(source))).abs().max())
+    print(f"changing padded source ids: max |d log p| = {by_ids:.3g}; a right-padded source against the source alone: {by_right:.3g}")
+    return max(by_ids, by_right), by_ids > 0.0 or by_right > 1e-4
+
+
+def source_positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """The behaviour of a ``source_padding_amount`` WARN: a left-padded source moves the
+    decoder's logits against the source alone while the padding itself is masked (other ids
+    in its slots change nothing, a right-padded source matches): left padding shifts the
+    positions of the source's real tokens."""
+    decoded, source, pad = source_pair(model)
+    alone = decoded(source, torch.ones_like(source))
+    row, mask = padded_source(source, pad, "left")
+    other, _ = padded_source(source, (pad + 5) % vocab_size(model), "left")
+    by_left = float((decoded(row, mask) - alone).abs().max())
+    by_ids = float((decoded(row, mask) - decoded(other, mask)).abs().max())
+    by_right = float((decoded(*padded_source(source, pad, "right")) - alone).abs().max())
+    print(f"a left-padded source against the source alone: max |d log p| = {by_left:.3g}; other ids in its padded slots: {by_ids:.3g}; a right-padded source: {by_right:.3g}")
+    return by_left, by_left > 1e-4 and by_ids == 0.0 and by_right <= 1e-4
+
+
 def positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """The behaviour of a ``positions_from_mask`` WARN: a left-padded row given its mask but no
     position ids, against the same row given position ids from the mask (as generate()
@@ -362,9 +457,11 @@ CHECKS = {
     "packing": packing,
     "kv_cache": kv_cache,
     "loss_masking": loss_masking,
+    "cross_attention": cross_attention,
     # the behaviours WARNs describe (scripts/confirm_findings.py --warnings)
     "positions": positions,
     "packing_unisolated": packing_unisolated,
+    "source_positions": source_positions,
 }
 
 

@@ -20,6 +20,15 @@ Checks (decoders and encoder-decoders that declare a cache)
   positions cannot follow the mask (no position ids, as BART's decoder) gets a ``warn``:
   left padding shifts its positions.
 
+- ``generate_use_cache`` (only where the two above cannot run: ``generate()`` does not feed
+  the model its prompt as it is, as XLM's and XLNet's append a token to every forward's
+  input, or feeds the whole sequence again): the model's own greedy ``generate()`` of a
+  left-padded batch with its cache (``use_cache=True``, the default) gives the logits it
+  gives without one (``use_cache=False``), step by step until the two choose different
+  tokens. It compares generate() with itself, so it needs no knowledge of how the model
+  prepares its inputs; it is weaker than the two above (both sides share every padding and
+  input-preparation bug), which is why they run wherever they can.
+
 Cases cover what a sliding window needs: prompts and continuations longer than the window.
 """
 
@@ -46,7 +55,7 @@ from ..harness.cases import (
     with_floor,
 )
 from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 MAX_CHUNK = 4
 MAX_CHUNKS = 4
@@ -142,7 +151,7 @@ class KVCacheSuite(Suite):
     summary = "incremental decoding with the cache equals the full-prefix forward"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
-        if not capabilities.has_cache:
+        if not capabilities.has_cache and not capabilities.generates:
             return capabilities.no_cache_reason or "the model declares no KV cache"
         if not capabilities.takes_attention_mask:
             return "the model takes no attention mask, so a left-padded batch cannot be decoded"
@@ -151,6 +160,13 @@ class KVCacheSuite(Suite):
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         batches = CacheBatches(adapter)
         caps = adapter.capabilities
+        if not caps.has_cache:  # generate() runs, but not on a path the two cache checks can follow
+            reason = caps.no_cache_reason or "the model declares no KV cache"
+            return [
+                CheckResult("incremental", "not_applicable", reason),
+                CheckResult("greedy_generation", "not_applicable", reason),
+                Check("generate_use_cache", lambda c: self.generate_use_cache(batches, context, c), generation_cases(caps)),
+            ]
         return [
             Check("incremental", lambda c: self.incremental(batches, context, c), cache_cases(caps)),
             Check("greedy_generation", lambda c: self.greedy_generation(batches, context, c), generation_cases(caps)),
@@ -227,3 +243,24 @@ class KVCacheSuite(Suite):
         if outcome.status == "pass":
             return outcome
         return (yield from decoded(2))
+
+    def generate_use_cache(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Outcome:
+        rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
+        batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
+        size, n = batch.size, case.new_tokens
+        what = f"generate() with its cache (use_cache=True) differs from generate() without one (use_cache=False) on a left-padded batch of {size} rows"
+        plain_tokens, plain = b.adapter.generate(batch, n, use_cache=False)  # [B, n], [B, n, V]
+
+        def compared(copies: int) -> Outcome:
+            """Generate with the cache for ``copies`` copies of the batch (2: the copy gives the floor); judge the first."""
+            tokens, cached = b.adapter.generate(concat([batch] * copies), n, use_cache=True)  # [cB, n], [cB, n, V]
+            floor = repeat_floor(cached, size, torch.ones(size, n, dtype=torch.bool)) if copies == 2 else 0.0
+            pairs = []
+            for i in range(size):
+                differ = (tokens[i] != plain_tokens[i].to(tokens.device)).nonzero().flatten()
+                same_prefix = int(differ[0]) + 1 if differ.numel() else n  # later steps continue other tokens
+                pairs.append((plain[i, :same_prefix], cached[i, :same_prefix], i))
+            return aligned_outcome(context, pairs, floor, what)
+
+        outcome = compared(1)
+        return outcome if outcome.status == "pass" else compared(2)

@@ -3,10 +3,12 @@ installed transformers, audited in-process, against the verdicts docs/architectu
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
@@ -36,6 +38,42 @@ def test_a_model_that_ignores_its_mask_is_not_excused_by_positions() -> None:
     for name in ("padded_vs_unpadded", "extra_padding"):
         assert checks[name].status == "fail" and "the padding mask is not applied" in checks[name].message
         assert "not a mask leak" not in checks[name].message
+
+
+def kv_checks(model) -> dict:  # type: ignore[no-untyped-def]
+    return {c.name: c for c in audit(HFAdapter(model), ["kv_cache"], profile="dev").suite("kv_cache").checks}
+
+
+def test_generate_is_compared_with_itself_where_it_prepares_other_inputs_than_the_prompt() -> None:
+    """XLM appends a mask token to every forward's input and XLNet a dummy token: the cache
+    checks cannot follow them, so generate() with its cache is compared with generate()
+    without. XLNet's agree; XLM's do not (its cache is read on top of the whole sequence fed
+    again: 0.32 in plain transformers, docs/architectures.md)."""
+    xlnet = kv_checks(shrunk_model("xlnet", "causal-lm"))
+    assert xlnet["incremental"].status == "not_applicable" and "does not feed this model its prompt" in xlnet["incremental"].message
+    assert xlnet["generate_use_cache"].status == "pass", xlnet["generate_use_cache"].message
+    xlm = kv_checks(shrunk_model("xlm", "causal-lm"))["generate_use_cache"]
+    assert xlm.status == "fail" and "generate() with its cache (use_cache=True) differs from generate() without one" in xlm.message
+
+
+def test_generate_use_cache_fails_a_seeded_cache_only_difference() -> None:
+    """OpenAI-GPT's generate() feeds the whole sequence at every step: with and without a
+    cache it must agree (it does); a forward that shifts the logits whenever a cache is
+    asked for is caught."""
+    model = shrunk_model("openai-gpt", "causal-lm")
+    assert kv_checks(model)["generate_use_cache"].status == "pass"
+    forward = model.forward
+
+    @functools.wraps(forward)  # generate() reads the forward's signature
+    def cache_shifted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        output = forward(*args, **kwargs)
+        if kwargs.get("use_cache"):
+            output.logits = output.logits + torch.linspace(0, 1, output.logits.shape[-1])
+        return output
+
+    model.forward = cache_shifted
+    seeded = kv_checks(model)["generate_use_cache"]
+    assert seeded.status == "fail" and "use_cache=False" in seeded.message
 
 
 # -- the CI subset of the sweep: one process per xdist worker, no subprocess per type ------------

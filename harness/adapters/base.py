@@ -52,6 +52,7 @@ class Capabilities:
     packing: Packing | None = None
     has_cache: bool = False
     no_cache_reason: str | None = None  # measured: why a model that could decode has no cache to check
+    generates: bool = False  # the adapter runs the model's own generate(), with its cache and without
     has_loss: bool = False
     pad_token_id: int | None = None
     max_length: int | None = None
@@ -258,6 +259,16 @@ class Adapter(abc.ABC):
         """An independent copy of a state, for when a test branches."""
         return state
 
+    def generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
+        """The model's own greedy ``generate()`` of ``new_tokens`` after ``batch``, with its cache
+        or without: the tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``."""
+        if not self.capabilities.generates:
+            raise NotImplementedError(f"{self.spec} has no generate() of its own")
+        self._check_eval()
+        with torch.inference_mode():
+            tokens, logits = self._generate(batch, new_tokens, use_cache)
+        return tokens, check_logits(logits, batch.size, new_tokens, self.capabilities.vocab_size, "generate() logits")
+
     def packing_settings(self) -> list[tuple[PackingSetting, "Adapter"]]:
         """The ways to run packed rows, the documented one first, each with the adapter that runs it."""
         packing = self.capabilities.packing
@@ -305,6 +316,9 @@ class Adapter(abc.ABC):
         raise NotImplementedError
 
     def _step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    def _generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def _check_eval(self) -> None:

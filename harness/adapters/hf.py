@@ -325,6 +325,7 @@ class HFAdapter(Adapter):
         #: the model's own generation methods, when it has them; None: steps built by hand
         self.generation: GenerationPath | None = None
         no_cache_reason = "an encoder (masked LM) does not decode token by token" if family == "encoder" else None
+        generates = family != "encoder" and callable(getattr(model, "generate", None)) and bool(getattr(model, "can_generate", lambda: False)())
         if family != "encoder" and drives_generation(model):
             if not model.can_generate():
                 no_cache_reason = "the model cannot generate() (can_generate() is False)"
@@ -355,6 +356,7 @@ class HFAdapter(Adapter):
             packing="position_ids" if family == "decoder" and keywords.named("position_ids") else None,
             has_cache=family != "encoder" and no_cache_reason is None,
             no_cache_reason=no_cache_reason,
+            generates=generates,
             has_loss=keywords.accepts("labels") and returns_loss(model, chosen, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
             max_length=getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None),
@@ -520,6 +522,25 @@ class HFAdapter(Adapter):
                 inputs["position_ids"] = positions + self.capabilities.position_offset
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
+
+    def _generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
+        inputs: dict[str, Any] = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if self.task == "seq2seq":
+            inputs.update(decoder_input_ids=batch.decoder_input_ids, decoder_attention_mask=batch.decoder_attention_mask)
+        pad = self.capabilities.pad_token_id
+        output = call_model(
+            self.model.generate,
+            **inputs,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            num_beams=1,
+            use_cache=use_cache,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=pad if pad is not None else 0,
+        )
+        return output.sequences[:, -new_tokens:], torch.stack(output.logits, dim=1)  # [B, n], [B, n, V]
 
     def fork(self, state: HFState | GenerationState) -> HFState | GenerationState:
         # Cache objects are mutated in place by forward, so a branch needs its own copy. (A
