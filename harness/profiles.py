@@ -20,13 +20,22 @@ How the knobs combine:
 - ``--seed S`` (default 0) seeds Hypothesis for every check, so every profile is
   derandomized: the same spec, seed and profile draw the same cases on every machine.
   Hypothesis's own ``derandomize`` flag is not used because it ignores the seed, and
-  ``--seed`` must keep its meaning under ``ci`` too;
+  ``--seed`` must keep its meaning under ``ci`` too. A seed alone is not enough:
+  Hypothesis draws about one integer in twenty from the constants written in the
+  *local* modules the process has imported (those outside site-packages), so the host
+  repository's own code under the plugin, an earlier command in the same process, or an
+  editable install of maskcheck would each shift the cases. maskcheck's searches run
+  with that pool empty (:func:`without_local_constants`); Hypothesis's built-in
+  constants still take part;
 - a model forward has no deadline and no health check fires for slow data generation;
 - no example database: a failure is replayed from its reproduction bundle, never from
   ``.hypothesis/``, so pytest-xdist workers never share or race on one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hypothesis import HealthCheck, Verbosity, settings
 
@@ -65,3 +74,33 @@ def examples_of(profile: str) -> int:
 
 for _name, _settings in PROFILES.items():
     settings.register_profile(hypothesis_name(_name), settings(_settings, **COMMON))
+
+
+@contextmanager
+def without_local_constants() -> Iterator[None]:
+    """Hypothesis searches inside this block draw no constants from local modules.
+
+    Hypothesis reads them through a private function of its providers module; it is
+    swapped for one returning an empty pool only for the block, and the cache of allowed
+    constants is cleared on both sides, so the host's own Hypothesis tests (run in the
+    same process under the plugin) keep their pool. Not thread-safe: a host test drawing
+    on another thread during a maskcheck search would see the empty pool too. If a
+    Hypothesis release moves these internals the block does nothing, and
+    ``tests/test_engine.py`` (drawn cases independent of imported modules) fails.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+
+        original = providers._get_local_constants
+        empty = providers.Constants()
+        cache = providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):  # pragma: no cover - a Hypothesis without this pool
+        yield
+        return
+    cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from .adapters.base import Adapter, AdapterError, Capabilities
 from .batching import run_alone, run_together
-from .profiles import profile_settings
+from .profiles import profile_settings, without_local_constants
 from .tolerance import Tolerance
 from .verdict import SEVERITY, CheckResult
 
@@ -293,7 +293,8 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
         phases = [Phase.generate, Phase.shrink] if context.shrink else [Phase.generate]
         # The profile brings no deadline, no database and no health checks (harness/profiles.py).
         test = settings(profile_settings(context.profile), max_examples=examples, phases=phases)(given(strategy)(prop))
-        hypothesis_seed(context.seed)(test)()
+        with without_local_constants():  # the cases must not depend on which modules are imported
+            hypothesis_seed(context.seed)(test)()
 
     key = (id(check.strategy), examples, per_example)
     shared = context.drawn.get(key)

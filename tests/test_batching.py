@@ -149,7 +149,7 @@ def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batch
     """tests/data/verdicts.json was recorded by the engine before cases shared forwards
     (one case per forward, every copy run): statuses, the shrunk case of every failure, the
     case of every warn and the cases every other check evaluated must be the same. In a
-    process of its own, as it was recorded (tests/verdict_record.py says why)."""
+    process of its own, as it was recorded (tests/verdict_record.py says how)."""
     import subprocess
     import sys
 

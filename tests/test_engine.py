@@ -151,3 +151,29 @@ def test_a_spent_shrink_budget_reports_the_smallest_failing_case_found_by_then()
     unbounded, _, shrunk = run_check(check, ci_context())
     assert unbounded.status == "fail" and "shrinking stopped" not in unbounded.message
     assert max(shrunk.case.lengths) == 5  # the budget is what stopped the first one short
+
+
+def test_the_cases_a_seed_draws_do_not_depend_on_the_local_modules_the_process_imported(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Hypothesis draws about one integer in twenty from constants of imported local modules
+    (the host repository's code under the plugin, an editable maskcheck): maskcheck's
+    searches run without that pool, so the same seed draws the same cases whatever was imported."""
+    import importlib
+
+    from hypothesis import strategies as st
+
+    strategy = st.tuples(st.integers(1, 12), st.integers(0, 2**16), st.integers(0, 3))
+
+    def drawn() -> list[Any]:
+        check, seen = recording(strategy)
+        run_check(check, RunContext(tolerance=tolerance_for("cpu", "float32"), examples=200, profile="thorough"))
+        return seen
+
+    before = drawn()
+    # A local module whose literals cover every value the strategy can draw.
+    (tmp_path / "host_constants.py").write_text("VALUES = [" + ", ".join(str(v) for v in range(0, 2**16 + 1, 97)) + ", " + ", ".join(map(str, range(13))) + "]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("host_constants")
+    assert drawn() == before
+    from hypothesis.internal.conjecture import providers
+
+    assert providers._get_local_constants.__name__ == "_get_local_constants"  # the host's own draws keep their pool
