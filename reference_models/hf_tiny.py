@@ -110,8 +110,8 @@ def tiny_model(name: str, attn_implementation: str | None = None, seed: int = 0)
 #: config attribute -> the small value it gets (only attributes a config already has are set)
 SHRUNK_SIZES: dict[str, int] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers", "num_decoder_layers"), 2),
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "word_embed_proj_dim", "attention_hidden_size"), 64),
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner"), 128),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "word_embed_proj_dim", "attention_hidden_size", "emb_dim", "dim", "embedding_size"), 64),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "hidden_dim", "dim_ff", "ffn_hidden_size"), 128),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
     **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads"), 4),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 2),

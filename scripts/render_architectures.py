@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 SUITES = ("causal", "padding", "loss_masking", "packing", "kv_cache", "cross_attention", "norm_checkpoint")
+TABLE_SUITES = SUITES[:6]  # the sweep does not load checkpoints from a directory: norm_checkpoint is n/a throughout
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "error": "ERROR", "not_applicable": "n/a", "not_run": "NOT RUN"}
 REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
 
@@ -122,7 +123,10 @@ def render(results: Path, out: Path) -> None:
         "`--warnings` measures the behaviour each WARN describes the same way: left padding that",
         "shifts positions with the suite's own direct check, a model that does not derive positions",
         "from the mask with `positions`, packing that leaks without isolating inputs with",
-        "`packing_unisolated`; each WARN below says what its direct check showed.",
+        "`packing_unisolated`, a left-padded source that shifts an encoder's positions with",
+        "`source_positions`; each WARN below names its direct check and says what it showed.",
+        "Position ids a direct check passes start where the model's own do (measured: RoBERTa-style",
+        "models count from `padding_idx + 1`).",
         f"{warn_tally(built, confirmed)}",
         "",
         "How to read the verdicts: a `WARN` is a real behaviour that is not a leak, with its",
@@ -130,14 +134,16 @@ def render(results: Path, out: Path) -> None:
         "the documented inputs, a documented label convention from `harness/conventions.json`);",
         "`n/a` says why the input cannot be given (the table at the end); `kv_cache` decodes each",
         "model the way `generate()` does, with the model's own generation methods, so recurrent",
-        "and state-space caches (`state`, Mamba's cache) are checked on the path users run.",
+        "and state-space caches (`state`, Mamba's cache) are checked on the path users run; where",
+        "`generate()` feeds other inputs than the prompt (XLM, XLNet, OpenAI-GPT, CPM-Ant) it compares",
+        "`generate()` with its cache against `generate()` without (`generate_use_cache`).",
         *(["Only the default attention implementation has been swept with this version."] if implementations == ["default"] else []),
         "",
-        "| type | task | " + " | ".join(SUITES[:5]) + " |",
-        "|---|---|" + "---|" * 5,
+        "| type | task | " + " | ".join(TABLE_SUITES) + " |",
+        "|---|---|" + "---|" * len(TABLE_SUITES),
     ]
     for (model_type, task), rs in sorted(built.items()):
-        lines.append(f"| {model_type} | {task} | " + " | ".join(cell(rs, s) for s in SUITES[:5]) + " |")
+        lines.append(f"| {model_type} | {task} | " + " | ".join(cell(rs, s) for s in TABLE_SUITES) + " |")
     lines += ["", "## Findings", "", "Every verdict other than pass and not applicable, with its measurement and reproduction.", ""]
     for (model_type, task), rs in sorted(built.items()):
         for record in rs:
