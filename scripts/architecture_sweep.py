@@ -130,7 +130,8 @@ def sweep(args: argparse.Namespace) -> int:
     plan = [
         (model_type, task, implementation)
         for task in tasks
-        for model_type in (args.types.split(",") if args.types else model_types(task))
+        for model_type in model_types(task)
+        if not args.types or model_type in args.types.split(",")  # a type outside a task's mapping has no audit there
         for implementation in implementations
         if (model_type, task, implementation) not in finished
     ]
@@ -168,7 +169,7 @@ def main() -> int:
     parser.add_argument("--types", help="comma-separated model types (default: every type of the task's auto mapping)")
     parser.add_argument("--implementations", default="default,eager", help="attention implementations, 'default' = the model's own (default: default,eager)")
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per audit (default: 300)")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds per audit (default: 180)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON lines (default: {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--again", action="store_true", help="rerun audits already in the results")
     parser.add_argument("--render", action="store_true", help="write docs/architectures.md from the results and stop")

@@ -1,6 +1,6 @@
 """Run the plain-transformers reproduction of every FAIL the architecture sweep recorded.
 
-    python scripts/confirm_findings.py            # every FAIL of a reproducible suite not confirmed yet
+    python scripts/confirm_findings.py            # every FAIL not confirmed yet (or whose verdict changed since)
     python scripts/confirm_findings.py --again    # all of them again
     python scripts/confirm_findings.py --warnings # WARNs too: the behaviour each describes, measured directly
     python scripts/confirm_findings.py --again --warnings --type roberta --type mra  # some types again
@@ -30,10 +30,12 @@ REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cro
 #: The direct check that measures a WARN's behaviour, by (suite, check): left padding that
 #: shifts positions (padding, loss masking, cached decoding) has the suite's own check; a
 #: model that does not derive positions from the mask, and packing that leaks without the
-#: inputs that isolate sequences, and a left-padded source that shifts positions, have checks of their own.
+#: inputs that isolate sequences, a left-padded source that shifts positions, and influence that
+#: stops short of the row's start (an undeclared window) have checks of their own.
 WARN_CHECKS = {
     ("padding", "positions_from_mask"): "positions",
     ("cross_attention", "source_padding_amount"): "source_positions",
+    ("causal", "declared_pattern"): "reach",
     "packing": "packing_unisolated",
     "padding": "padding",
     "loss_masking": "loss_masking",
@@ -52,24 +54,30 @@ def direct_check(suite: str, verdict: dict) -> str | None:
 DIFFERENCE = re.compile(r"max \|difference\| = ([0-9.eE+-]+|nan|inf)")
 
 
-def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple[str, str, str, str, str]]:
-    """(type, task, suite, attention implementation, direct check) of every verdict of
-    ``statuses`` in a reproducible suite that a direct check measures."""
+def verdict_label(data: dict) -> str:
+    """What a confirmation confirms: a verdict's status and check (``fail pad_ids``). A
+    confirmation of another label is stale: the sweep has changed its verdict since."""
+    return f"{data['status']} {data.get('check')}"
+
+
+def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple[str, str, str, str, str, str]]:
+    """(type, task, suite, attention implementation, direct check, verdict label) of every
+    verdict of ``statuses`` in a reproducible suite that a direct check measures."""
     latest = {}
     for line in results.read_text().splitlines():
         record = json.loads(line)
         latest[(record["type"], record["task"], record["implementation"])] = record
     return sorted(
-        (model_type, task, suite, implementation, check)
+        (model_type, task, suite, implementation, check, verdict_label(data))
         for (model_type, task, implementation), record in latest.items()
         for suite, data in record.get("suites", {}).items()
         if suite in REPRODUCIBLE and data["status"] in statuses and (check := direct_check(suite, data)) is not None
     )
 
 
-def reproduce(model_type: str, task: str, suite: str, implementation: str, check: str, timeout: float) -> dict:
+def reproduce(model_type: str, task: str, suite: str, implementation: str, check: str, verdict: str, timeout: float) -> dict:
     command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, check, "--task", task, "--implementation", implementation]
-    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation, "check": check}
+    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation, "check": check, "verdict": verdict}
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})
     except subprocess.TimeoutExpired:
@@ -95,15 +103,15 @@ def main() -> int:
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
-        done = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
+        done = {(r["type"], r["task"], r["suite"], r.get("implementation", "default"), r.get("verdict")) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
     plan = [
         key
         for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",))
-        if key[:4] not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types) and (not args.suites or key[2] in args.suites)
+        if (*key[:4], key[5]) not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types) and (not args.suites or key[2] in args.suites)
     ]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
-    for index, (model_type, task, suite, implementation, check) in enumerate(plan, 1):
-        record = reproduce(model_type, task, suite, implementation, check, args.timeout)
+    for index, (model_type, task, suite, implementation, check, verdict) in enumerate(plan, 1):
+        record = reproduce(model_type, task, suite, implementation, check, verdict, args.timeout)
         with CONFIRMED.open("a") as out:
             out.write(json.dumps(record) + "\n")
         verdict = {True: "confirmed", False: "NOT CONFIRMED", None: "could not run"}[record["confirmed"]]

@@ -7,10 +7,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+# scripts/ is on the path of every script run from it
+from confirm_findings import REPRODUCIBLE, verdict_label
+
 SUITES = ("causal", "padding", "loss_masking", "packing", "kv_cache", "cross_attention", "norm_checkpoint")
 TABLE_SUITES = SUITES[:6]  # the sweep does not load checkpoints from a directory: norm_checkpoint is n/a throughout
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "error": "ERROR", "not_applicable": "n/a", "not_run": "NOT RUN"}
-REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
 
 
 def latest(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -30,11 +32,18 @@ def cell(records: list[dict[str, Any]], suite: str) -> str:
     return marks[0] if len(set(marks)) == 1 else " / ".join(marks)
 
 
-def confirmations(path: Path) -> dict[tuple[str, str, str, str], dict[str, Any]]:
-    """scripts/confirm_findings.py's last result per (type, task, suite, implementation)."""
+def confirmations(path: Path, records: dict[tuple[str, str, str], dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """scripts/confirm_findings.py's last result per (type, task, suite, implementation), where
+    it confirms the verdict ``records`` holds now (one made for an earlier verdict is stale)."""
     if not path.is_file():
         return {}
-    return {(r["type"], r["task"], r["suite"], r.get("implementation", "default")): r for r in map(json.loads, path.read_text().splitlines())}
+    last = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")): r for r in map(json.loads, path.read_text().splitlines())}
+    current = {}
+    for (model_type, task, suite, implementation), confirmation in last.items():
+        data = records.get((model_type, task, implementation), {}).get("suites", {}).get(suite)
+        if data is not None and confirmation.get("verdict") == verdict_label(data):
+            current[(model_type, task, suite, implementation)] = confirmation
+    return current
 
 
 def confirmation_note(record: dict[str, Any] | None) -> str:
@@ -90,7 +99,7 @@ def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tu
 
 def render(results: Path, out: Path) -> None:
     records = latest(results)
-    confirmed = confirmations(results.with_name("architectures-confirmed.jsonl"))
+    confirmed = confirmations(results.with_name("architectures-confirmed.jsonl"), records)
     by_type: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for (model_type, task, _), record in sorted(records.items()):
         by_type[(model_type, task)].append(record)

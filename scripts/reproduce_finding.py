@@ -18,6 +18,7 @@ where the model's own start (measured: RoBERTa-style models count from padding_i
 | cross_attention | an encoder-decoder's decoder logits when the ids in left-padded source slots change (source mask given); a right-padded source against the source alone |
 | positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
 | packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input |
+| reach | (a WARN's behaviour) how far a change of a row's first token reaches: the last 8 positions of a row of 24 move by less than 1e-5 (a window the config does not declare, or a memory that decays) |
 | source_positions | (a WARN's behaviour) a left-padded source against the source alone moves the decoder's logits while its padding is masked (pad ids change nothing, right padding matches) |
 """
 
@@ -366,6 +367,22 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return worst, worst > 1e-4
 
 
+def reach(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """The behaviour of a ``declared_pattern`` WARN whose influence stops short: how far a
+    change of the first token of a row of 24 reaches. Under full causal attention it moves
+    every later position; the behaviour shows when it moves the last 8 positions by less
+    than 1e-5 (float32 noise: nothing at all for a window, a decayed memory for a
+    recurrence) while it moves its own position by more than 1e-3. Prints the profile."""
+    row = ids(model, 24)
+    changed = row.clone()
+    changed[0, 0] = (row[0, 0] + 1) % vocab_size(model)
+    moved = (predicted(model, row) - predicted(model, changed)).abs().amax(-1)[0]  # [24]: per position
+    profile = ", ".join(f"{p}: {float(moved[p]):.2g}" for p in (0, 2, 4, 8, 12, 16, 20, 23))
+    far = float(moved[16:].max())
+    print(f"changing the token at position 0 moves position p by: {profile}")
+    return far, far < 1e-5 and float(moved[0]) > 1e-3
+
+
 def source_pair(model: torch.nn.Module) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, int]:
     """A function from (source ids, source mask) to the decoder's log-probabilities over a fixed
     decoder row of 4 tokens; the source of 5 tokens it is compared on; the pad id."""
@@ -459,6 +476,7 @@ CHECKS = {
     "loss_masking": loss_masking,
     "cross_attention": cross_attention,
     # the behaviours WARNs describe (scripts/confirm_findings.py --warnings)
+    "reach": reach,
     "positions": positions,
     "packing_unisolated": packing_unisolated,
     "source_positions": source_positions,

@@ -247,6 +247,13 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
         distance = torch.arange(expected.shape[0])[:, None] - torch.arange(expected.shape[0])[None, :]
         reach = int(distance[measured].max()) if measured.any() else 0
         if not (missing & (distance <= reach)).any():
-            message = f"declared full causal attention, but influence reaches back only {reach} positions (an undeclared window?)"
+            beyond = influence.diff[missing]
+            tail = float(beyond.max()) if beyond.numel() else 0.0
+            kind = (
+                "nothing farther moves at all: an undeclared window"
+                if tail == 0.0
+                else f"farther, influence is below the threshold but not zero (at most {tail:.3g}): a recurrence whose memory decays, or a window plus numerical noise"
+            )
+            message = f"declared full causal attention, but influence above the threshold reaches back only {reach} positions; {kind}"
             return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
     return Outcome("pass", float(influence.diff[~expected].max()) if (~expected).any() else 0.0, influence.floor, influence.threshold, [], "", detail)

@@ -233,3 +233,30 @@ def test_the_picture_labels_padded_rows_and_columns(tmp_path) -> None:  # type: 
         plt.Axes.set_xticklabels, plt.Axes.set_yticklabels = originals  # type: ignore[method-assign]
     assert labels["y"][:4] == ["0 pad", "1 pad", "2", "3"]
     assert labels["x"][:4] == ["0\npad", "1\npad", "2", "3"]
+
+
+@pytest.mark.parametrize(
+    ("decay", "words"),
+    [(0.0, "nothing farther moves at all: an undeclared window"), (0.05, "below the threshold but not zero")],
+)
+def test_influence_that_stops_short_is_called_a_window_only_when_nothing_farther_moves(decay: float, words: str) -> None:
+    """A recurrence ``state = decay * state + embedding``: with decay 0 each output reads its own
+    token only (a window of one); with 0.05 older tokens still move it, by less than the threshold."""
+    import torch
+
+    from maskcheck.harness.adapters.base import Capabilities
+    from maskcheck.harness.adapters.module import ModuleAdapter
+
+    table = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+
+    def forward(ids, mask):  # type: ignore[no-untyped-def]
+        embedded = table[ids]  # [B, T, V]
+        out, state = torch.zeros_like(embedded), torch.zeros_like(embedded[:, 0])
+        for t in range(ids.shape[1]):
+            state = decay * state + embedded[:, t]
+            out[:, t] = state
+        return out
+
+    checks = {c.name: c for c in audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal"]).suite("causal").checks}
+    assert checks["future_tokens"].status == "pass"
+    assert checks["declared_pattern"].status == "warn" and words in checks["declared_pattern"].message
