@@ -223,12 +223,14 @@ def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
 
 
 def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
-    """generate()'s own cached greedy decoding of a left-padded batch (prompts of 4 and 2
-    tokens) and of an unpadded one (two prompts of 4: rows that mix show without padding)
-    against one forward per row, alone and unpadded, over its prompt and the tokens
-    generated for it; then, for decoders, a chunk of 2 tokens fed after a cache through the
-    model's own generation methods, as assisted decoding feeds its candidates. Prints each;
-    returns the largest."""
+    """generate() with its cache against generate() without (use_cache=False) on a left-padded
+    batch (prompts of 4 and 2 tokens): all that applies to a model whose generate() feeds
+    other inputs than the prompt (XLM, XLNet). Otherwise also generate()'s cached greedy
+    decoding of that batch and of an unpadded one (two prompts of 4: rows that mix show
+    without padding) against one forward per row, alone and unpadded, over its prompt and
+    the tokens generated for it; then, for decoders, a chunk of 2 tokens fed after a cache
+    through the model's own generation methods, as assisted decoding feeds its candidates.
+    Prints each; returns the largest."""
     prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
     by_toggle = cache_toggled(model, prompts)
     print(f"generate() on a left-padded batch with its cache against without (use_cache=False): max |d log p| = {by_toggle:.3g}")
