@@ -150,9 +150,13 @@ class KVCacheSuite(Suite):
     name = "kv_cache"
     summary = "incremental decoding with the cache equals the full-prefix forward"
 
+    @staticmethod
+    def no_cache(capabilities: Capabilities) -> str:
+        return capabilities.no_cache_reason or "the model declares no KV cache"
+
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_cache and not capabilities.generates:
-            return capabilities.no_cache_reason or "the model declares no KV cache"
+            return self.no_cache(capabilities)
         if not capabilities.takes_attention_mask:
             return "the model takes no attention mask, so a left-padded batch cannot be decoded"
         return None
@@ -161,7 +165,7 @@ class KVCacheSuite(Suite):
         batches = CacheBatches(adapter)
         caps = adapter.capabilities
         if not caps.has_cache:  # generate() runs, but not on a path the two cache checks can follow
-            reason = caps.no_cache_reason or "the model declares no KV cache"
+            reason = self.no_cache(caps)
             return [
                 CheckResult("incremental", "not_applicable", reason),
                 CheckResult("greedy_generation", "not_applicable", reason),
