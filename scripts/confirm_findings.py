@@ -29,14 +29,15 @@ CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
 REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
 #: The direct check that measures a WARN's behaviour, by (suite, check): left padding that
 #: shifts positions (padding, loss masking, cached decoding) has the suite's own check; a
-#: model that does not derive positions from the mask, and packing that leaks without the
-#: inputs that isolate sequences, a left-padded source that shifts positions, and influence that
+#: model that does not derive positions from the mask, packing that leaks without the
+#: inputs that isolate sequences (and not with them), a left-padded source that shifts positions, and influence that
 #: stops short of the row's start (an undeclared window) have checks of their own.
 WARN_CHECKS = {
     ("padding", "positions_from_mask"): "positions",
     ("cross_attention", "source_padding_amount"): "source_positions",
     ("causal", "declared_pattern"): "reach",
-    "packing": "packing_unisolated",
+    ("packing", "settings"): "packing_unisolated",  # safe only with the isolating inputs
+    ("packing", "no_packing_input"): "packing",  # no input isolates: the isolated path leaks too
     "padding": "padding",
     "loss_masking": "loss_masking",
     "kv_cache": "kv_cache",
