@@ -459,7 +459,9 @@ def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     two sequences packed back to back with none of the inputs that isolate them (no
     position ids, no mask, the default use_cache), as a flattening collator leaves them.
     Changing the first must move the second's logits, and must not move them on the
-    isolated path (restarting position ids, use_cache=False: the ``packing`` check)."""
+    isolated path (restarting position ids, use_cache=False: the ``packing`` check) beyond
+    float32 noise, 1e-5 (mixture-of-experts models group their tokens by batch layout:
+    3e-8 measured on Aria's isolated path)."""
     first, second = ids(model, 4, seed=1), ids(model, 4, seed=2)
     changed = (first + 1) % vocab_size(model)
     a = log_probs(model, input_ids=torch.cat([first, second], 1))[:, 4:]
@@ -467,7 +469,7 @@ def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     leak = float((a - b).abs().max())
     isolated, _ = packing(model, task)
     print(f"packed back to back with no isolating input: the second sequence moves by {leak:.3g} (isolated path: {isolated:.3g})")
-    return leak, leak > 1e-4 and isolated == 0.0
+    return leak, leak > 1e-4 and isolated <= 1e-5
 
 
 CHECKS = {
