@@ -232,12 +232,13 @@ def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     through the model's own generation methods, as assisted decoding feeds its candidates.
     Prints each; returns the largest."""
     prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
-    by_toggle = cache_toggled(model, prompts)
+    decoded = greedy(model, generation_inputs(model, prompts)[0])  # with the cache: both comparisons below read it
+    by_toggle = cache_toggled(model, prompts, decoded)
     print(f"generate() on a left-padded batch with its cache against without (use_cache=False): max |d log p| = {by_toggle:.3g}")
     if not feeds_prompt_as_is(model):
         print("generate() does not feed this model its prompt as it is (it prepares other inputs), so only generate() against itself applies")
         return by_toggle, by_toggle > 1e-4
-    padded = generated_against_alone(model, prompts)
+    padded = generated_against_alone(model, prompts, decoded)
     print(f"generate() on a left-padded batch, one token a step: max |d log p| = {padded:.3g}")
     unpadded = generated_against_alone(model, [ids(model, 4, seed=1), ids(model, 4, seed=2)])
     print(f"generate() on an unpadded batch of 2, one token a step: max |d log p| = {unpadded:.3g}")
@@ -288,12 +289,11 @@ def greedy(model: torch.nn.Module, inputs: dict[str, torch.Tensor], use_cache: b
     return out.sequences, F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)
 
 
-def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
-    """generate() with its cache against generate() without (use_cache=False), step by step
-    while the two have chosen the same tokens."""
-    inputs, _ = generation_inputs(model, prompts)
-    cached_sequences, cached = greedy(model, inputs)
-    plain_sequences, plain = greedy(model, inputs, use_cache=False)
+def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """generate() with its cache (``decoded``: :func:`greedy` of ``prompts``) against generate()
+    without (use_cache=False), step by step while the two have chosen the same tokens."""
+    cached_sequences, cached = decoded
+    plain_sequences, plain = greedy(model, generation_inputs(model, prompts)[0], use_cache=False)
     worst = 0.0
     for i in range(len(prompts)):
         differ = (cached_sequences[i, -4:] != plain_sequences[i, -4:]).nonzero().flatten()
@@ -302,11 +302,12 @@ def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
     return worst
 
 
-def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor]) -> float:
+def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
     """generate() (greedy, 4 new tokens, its own cache) on ``prompts`` left-padded into one
-    batch, against each row's own forward, alone and unpadded, over the same tokens."""
+    batch (``decoded`` when already run), against each row's own forward, alone and
+    unpadded, over the same tokens."""
     inputs, sources = generation_inputs(model, prompts)
-    sequences, generated = greedy(model, inputs)  # [B, ...], [B, 4, V]
+    sequences, generated = decoded if decoded is not None else greedy(model, inputs)  # [B, ...], [B, 4, V]
     new = sequences[:, -4:]  # [B, 4]
     started = sequences.shape[1] - max(p.shape[1] for p in prompts) - 4  # generate() may put a decoder start token first
     worst = 0.0
