@@ -16,6 +16,7 @@ a FAIL the direct check does not show is a harness false alarm until shown other
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -55,10 +56,13 @@ def direct_check(suite: str, verdict: dict) -> str | None:
 DIFFERENCE = re.compile(r"max \|difference\| = ([0-9.eE+-]+|nan|inf)")
 
 
-def verdict_label(data: dict) -> str:
-    """What a confirmation confirms: a verdict's status and check (``fail pad_ids``). A
-    confirmation of another label is stale: the sweep has changed its verdict since."""
-    return f"{data['status']} {data.get('check')}"
+def verdict_label(record: dict, suite: str) -> str:
+    """What a confirmation confirms: a verdict's status and check and the config it was
+    audited with (``fail pad_ids 3f2a9c1e``). A confirmation of another label is stale: the
+    sweep has changed the verdict, or the shrink the model, since."""
+    data = record["suites"][suite]
+    config = hashlib.sha256(json.dumps(record.get("config"), sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{data['status']} {data.get('check')} {config}"
 
 
 def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple[str, str, str, str, str, str]]:
@@ -69,7 +73,7 @@ def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple
         record = json.loads(line)
         latest[(record["type"], record["task"], record["implementation"])] = record
     return sorted(
-        (model_type, task, suite, implementation, check, verdict_label(data))
+        (model_type, task, suite, implementation, check, verdict_label(record, suite))
         for (model_type, task, implementation), record in latest.items()
         for suite, data in record.get("suites", {}).items()
         if suite in REPRODUCIBLE and data["status"] in statuses and (check := direct_check(suite, data)) is not None

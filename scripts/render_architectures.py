@@ -40,8 +40,8 @@ def confirmations(path: Path, records: dict[tuple[str, str, str], dict[str, Any]
     last = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")): r for r in map(json.loads, path.read_text().splitlines())}
     current = {}
     for (model_type, task, suite, implementation), confirmation in last.items():
-        data = records.get((model_type, task, implementation), {}).get("suites", {}).get(suite)
-        if data is not None and confirmation.get("verdict") == verdict_label(data):
+        record = records.get((model_type, task, implementation), {})
+        if suite in record.get("suites", {}) and confirmation.get("verdict") == verdict_label(record, suite):
             current[(model_type, task, suite, implementation)] = confirmation
     return current
 
