@@ -47,8 +47,8 @@ def kv_checks(model) -> dict:  # type: ignore[no-untyped-def]
 def test_generate_is_compared_with_itself_where_it_prepares_other_inputs_than_the_prompt() -> None:
     """XLM appends a mask token to every forward's input and XLNet a dummy token: the cache
     checks cannot follow them, so generate() with its cache is compared with generate()
-    without. XLNet's agree; XLM's do not (its cache is read on top of the whole sequence fed
-    again: 0.32 in plain transformers, docs/architectures.md)."""
+    without. XLNet's agree; XLM's do not: its default config attends both ways, so keys and
+    values cached before later tokens existed are stale (docs/suites.md)."""
     xlnet = kv_checks(shrunk_model("xlnet", "causal-lm"))
     assert xlnet["incremental"].status == "not_applicable" and "does not feed this model its prompt" in xlnet["incremental"].message
     assert xlnet["generate_use_cache"].status == "pass", xlnet["generate_use_cache"].message
