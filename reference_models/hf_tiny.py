@@ -117,14 +117,14 @@ SHRUNK_SIZES: dict[str, int] = {
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 2),
     **dict.fromkeys(("head_dim", "kv_channels", "d_kv", "attention_head_dim"), 16),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k"), 2),
+    **dict.fromkeys(("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k"), 2),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), 8),  # multi-head latent attention
     **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
-    "vocab_size": 128,
+    **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input"), 128),  # Gemma 3n/4 embed ids per layer too
 }
 #: what the "counts" shrink keeps small: how many layers, experts and tokens, not how wide
 COUNT_KEYS = frozenset(
-    k for k in SHRUNK_SIZES if k == "vocab_size" or "layers" in k or k.endswith("_layer") or "experts" in k or k in ("moe_topk", "top_k")
+    k for k in SHRUNK_SIZES if k.startswith("vocab_size") or "layers" in k or k.endswith("_layer") or "experts" in k or k in ("moe_topk", "moe_k", "top_k")
 )
 SHRINK_LEVELS = ("full", "counts")
 #: the suites the architecture sweep audits: norm_checkpoint's evidence is about trained
@@ -164,6 +164,24 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
         "attention_head_dim": 32, "mamba_headdim": 16, "num_query_groups": 4, "adapter_rank": 8, "mamba_d_state": 16, "chunk_size": 16,
     },
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64, "head_dim": 16, "attention_window_size": 6},
+    # Defaults a checkpoint always sets, left None (or unset) by the default config, so that no
+    # default builds: Dots1's experts, LFM2-MoE's layer pattern (conv then attention, one dense
+    # layer), ESM's vocabulary and special ids, X-MOD's language adapter.
+    "dots1": {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "esm": {"vocab_size": 128, "pad_token_id": 1, "mask_token_id": 2},
+    "xmod": {"default_language": "en_XX"},
+    # Reformer's causal-LM head needs is_decoder, and its axial position widths must add up
+    # to the hidden size (64 + 192 = 256 by default).
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48]},
+    # Layers that share another layer's cache from the 16th on: two layers hold none to share.
+    "gemma3n_text": {"num_kv_shared_layers": 0},
+    # Multi-head latent attention without a query compression (q_lora_rank None, kept), and
+    # linear-attention heads set outright.
+    "kimi_linear": {
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
+        "num_key_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4,
+    },
 }
 
 
