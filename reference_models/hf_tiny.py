@@ -120,7 +120,8 @@ SHRUNK_SIZES: dict[str, int] = {
     **dict.fromkeys(("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k"), 2),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), 8),  # multi-head latent attention
     **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
-    **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input"), 128),  # Gemma 3n/4 embed ids per layer too
+    # Gemma 3n/4 embed ids per layer too; Inkling 2 predicts over its unpadded vocabulary
+    **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size"), 128),
 }
 #: what the "counts" shrink keeps small: how many layers, experts and tokens, not how wide
 COUNT_KEYS = frozenset(
@@ -176,6 +177,13 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48]},
     # Layers that share another layer's cache from the 16th on: two layers hold none to share.
     "gemma3n_text": {"num_kv_shared_layers": 0},
+    # Cohere Compass reads rope parameters per layer type; the default config holds none.
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # xLSTM's config rounds the query width up to a multiple of 64 and its layers do not: at
+    # width 64 the default factor 0.5 gives a state of 16 per head against queries of 8.
+    "xlstm": {"embedding_dim": 64, "num_blocks": 2, "qk_dim_factor": 1.0},
+    # LongCat-Flash's experts (set outright) and its zero-computation experts.
+    "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
     # Multi-head latent attention without a query compression (q_lora_rank None, kept), and
     # linear-attention heads set outright.
     "kimi_linear": {
@@ -193,7 +201,7 @@ MLA_WIDTHS: dict[str, Any] = {
     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16,
     "kv_lora_rank": 16, "q_lora_rank": 32, "n_group": 1, "topk_group": 1, "num_key_value_heads": 4,
 }
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "sarvam_mla", "axk1")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "sarvam_mla", "axk1", "longcat_flash")
 
 
 def _sweep_overrides(model_type: str, config: Any) -> dict[str, Any]:
