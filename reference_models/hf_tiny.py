@@ -132,6 +132,12 @@ SHRINK_LEVELS = ("full", "counts")
 #: weights and a checkpoint's config, and the sweep's models are random-init from configs
 SWEEP_SUITES = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache")
 SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
+#: Kimi-Linear and Bailing-hybrid: multi-head latent attention without a query compression
+#: (q_lora_rank None, kept) beside linear-attention layers whose heads are set outright.
+LATENT_AND_LINEAR_WIDTHS: dict[str, Any] = {
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
+    "num_key_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4,
+}
 #: per-type overrides where the generic shrink does not give a buildable config
 SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     # attention every 8 layers from the 4th: two layers would hold none (the cache then fails)
@@ -172,9 +178,8 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "esm": {"vocab_size": 128, "pad_token_id": 1, "mask_token_id": 2},
     "xmod": {"default_language": "en_XX"},
-    # Reformer's causal-LM head needs is_decoder, and its axial position widths must add up
-    # to the hidden size (64 + 192 = 256 by default).
-    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48]},
+    # Reformer's axial position widths must add up to the hidden size (64 + 192 = 256 by default).
+    "reformer": {"axial_pos_embds_dim": [16, 48]},
     # Layers that share another layer's cache from the 16th on: two layers hold none to share.
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # Cohere Compass reads rope parameters per layer type; the default config holds none.
@@ -184,13 +189,14 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     "xlstm": {"embedding_dim": 64, "num_blocks": 2, "qk_dim_factor": 1.0},
     # LongCat-Flash's experts (set outright) and its zero-computation experts.
     "longcat_flash": {"expert_ffn_hidden_size": 32, "zero_expert_num": 2},
-    # Multi-head latent attention without a query compression (q_lora_rank None, kept), and
-    # linear-attention heads set outright.
-    "kimi_linear": {
-        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
-        "num_key_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4,
-    },
+    "kimi_linear": LATENT_AND_LINEAR_WIDTHS,
+    "bailing_hybrid": {**LATENT_AND_LINEAR_WIDTHS, "num_expert_group": 1, "topk_group": 1},  # experts in one group
 }
+
+
+#: overrides for one head of a type: Reformer's causal-LM head refuses a config without
+#: ``is_decoder``, its masked-LM head one with it
+TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {("reformer", "causal-lm"): {"is_decoder": True}}
 
 
 #: Multi-head latent attention (DeepSeek-V2 and its descendants) sets its low-rank and
@@ -232,11 +238,12 @@ def _mixed(layer_types: list[str]) -> list[str]:
     return (kinds * 2)[:2]
 
 
-def shrunk_config(model_type: str, level: str = "full") -> Any:
+def shrunk_config(model_type: str, level: str = "full", task: str = "causal-lm") -> Any:
     """The type's default config with two layers, width 64, vocabulary 128 and a default
     sliding window of 6 (``level="full"``), or with only its counts shrunk (layers, experts,
     vocabulary: ``level="counts"``) for a type whose widths depend on each other in ways the
-    full shrink breaks. Nested text configs (multimodal types) are shrunk the same way."""
+    full shrink breaks. Nested text configs (multimodal types) are shrunk the same way.
+    ``task`` picks the overrides a type needs for one head only (Reformer's decoder flag)."""
     from transformers import AutoConfig
 
     keys = SHRUNK_SIZES if level == "full" else {k: v for k, v in SHRUNK_SIZES.items() if k in COUNT_KEYS}
@@ -246,7 +253,7 @@ def shrunk_config(model_type: str, level: str = "full") -> Any:
         nested = getattr(config, name, None)
         if nested is not None and hasattr(nested, "to_dict"):
             _shrink(nested, keys)
-    for key, value in _sweep_overrides(model_type, config).items():
+    for key, value in {**_sweep_overrides(model_type, config), **TASK_OVERRIDES.get((model_type, task), {})}.items():
         setattr(config, key, value)
     return config
 
@@ -285,7 +292,7 @@ def shrunk_model(model_type: str, task: str, attn_implementation: str | None = N
     }[task]
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return auto.from_config(shrunk_config(model_type, level), **kwargs).eval()
+    return auto.from_config(shrunk_config(model_type, level, task), **kwargs).eval()
 
 
 def tiny_tokenizer(pad_is_eos: bool = False, padding_side: str = "right") -> Any:

@@ -52,7 +52,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     errors = []
     for level in SHRINK_LEVELS:  # the smallest config whose plain forward runs
         try:
-            config = shrunk_config(model_type, level)
+            config = shrunk_config(model_type, level, task)
             model = shrunk_model(model_type, task, None if implementation == "default" else implementation, level=level)
             runs_forward(model, task)
             break

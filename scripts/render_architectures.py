@@ -123,7 +123,7 @@ def render(results: Path, out: Path) -> None:
         f"thread, once per attention implementation ({', '.join(implementations)}; `default` is the",
         "model's own). Types whose widths or layer pattern the generic shrink cannot derive (state-space",
         "hybrids, multi-head latent attention, GPT-J's rotary width) take a per-type override",
-        "(`SWEEP_OVERRIDES` and `MLA_WIDTHS` in `reference_models/hf_tiny.py`); where the full shrink",
+        "(`SWEEP_OVERRIDES`, `TASK_OVERRIDES` and `MLA_WIDTHS` in `reference_models/hf_tiny.py`); where the full shrink",
         "still breaks a type's widths, only its counts (layers, experts, vocabulary) are shrunk; a type",
         "whose plain forward no shrink can run is listed as not built. A cell with two verdicts reads",
         "default / eager.",
