@@ -15,6 +15,16 @@ from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.reference_models.hf_tiny import SWEEP_SUITES, shrunk_model
 
 
+def test_a_shrunk_config_takes_the_overrides_of_its_head() -> None:
+    """Reformer's causal-LM head refuses a config without is_decoder, its masked-LM head one
+    with it: each task's shrunk model builds and runs."""
+    for task, decoder in (("causal-lm", True), ("masked-lm", False)):
+        model = shrunk_model("reformer", task)
+        assert model.config.is_decoder is decoder
+        with torch.no_grad():
+            assert model(input_ids=torch.tensor([[3, 4, 5, 127]])).logits.shape == (1, 4, 128)
+
+
 def test_a_documented_label_convention_is_a_warn_with_its_reason_and_can_be_turned_off() -> None:
     bart = shrunk_model("bart", "causal-lm")
     check = audit(HFAdapter(bart), ["loss_masking"]).suite("loss_masking").checks[0]
