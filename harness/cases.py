@@ -204,7 +204,24 @@ def without_positional_caveat(check: Any) -> None:
     for caveat in (POSITION_CAVEAT, DECODER_POSITIONS):
         if check.message.endswith(caveat):
             check.status = "fail"
-            check.message = check.message[: -len(caveat)] + "; changing padded ids moved real outputs too (pad_ids), so this is not only shifted positions: the padding mask is not applied"
+            check.message = check.message[: -len(caveat)] + "; other ids in the padded slots move real outputs too, so this is not only shifted positions: the padding mask is not applied"
+
+
+def checked_positional_caveat(b: RowBatches, context: RunContext, outcome: Outcome, batch: Batch, seed: int) -> Evaluation:
+    """``outcome`` with its positional caveat (:func:`left_padding_caveat`) checked on
+    ``batch``: other ids in its padded slots must not move its real logits (same shapes).
+    Where they do, the mask is not applied and the caveat goes. For suites that do not
+    measure that themselves (the padding suite's pad_ids does); costs forwards only when
+    the caveat was given."""
+    if not outcome.message.endswith((POSITION_CAVEAT, DECODER_POSITIONS)):
+        return outcome
+    ids, mask = batch.predicted_ids, batch.predicted_mask
+    assert mask is not None
+    perturbed = b.with_ids(batch, perturb(ids, mask == 0, b.caps.vocab_size, seed))
+    moved = yield from same_shape_outcome(b.adapter, context, batch, perturbed, mask.bool(), "other ids in the padded slots")
+    if moved.status == "fail":
+        without_positional_caveat(outcome)
+    return outcome
 
 
 def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  # type: ignore[no-untyped-def]

@@ -45,6 +45,7 @@ from ..harness.batching import Evaluation, Greedy, Logits
 from ..harness.cases import (
     RowBatches,
     aligned_outcome,
+    checked_positional_caveat,
     concat,
     left_padding_caveat,
     pad_rows,
@@ -240,7 +241,7 @@ class KVCacheSuite(Suite):
                         diverged.append(f"row {i} at step {int(steps[0])}")
                 if diverged:
                     outcome.message += f"; the batch generated other tokens than each row's own argmax: {', '.join(diverged)}"
-            return left_padding_caveat(outcome, b.caps, "left")
+            return (yield from checked_positional_caveat(b, context, left_padding_caveat(outcome, b.caps, "left"), batch, case.seed))
 
         # Every threshold grows with the floor: the copy is decoded only for a case that does not pass without it.
         outcome = yield from decoded(1)

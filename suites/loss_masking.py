@@ -30,6 +30,7 @@ from ..harness.cases import (
     positions_for,
     random_ids,
     random_rows,
+    without_positional_caveat,
 )
 from ..harness.strategies import case_strategy
 from ..harness.suite import Check, Outcome, RunContext, Suite
@@ -96,6 +97,13 @@ class LossMaskingSuite(Suite):
             Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c, loss_of), cases),
             Check("extra_padding", lambda c: self.extra_padding(adapter, context, c, loss_of), cases),
         ]
+
+    def conclude(self, results: list) -> None:
+        """extra_padding's positional caveat rests on padded_inputs passing: a loss that moves
+        with the ids in padded slots (xLSTM ignores its mask) has no positions to blame."""
+        if any(r.name == "padded_inputs" and r.status == "fail" for r in results):
+            for result in results:
+                without_positional_caveat(result)
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)

@@ -50,6 +50,20 @@ def test_a_model_that_ignores_its_mask_is_not_excused_by_positions() -> None:
         assert "not a mask leak" not in checks[name].message
 
 
+def test_suites_that_do_not_measure_pad_ids_check_the_mask_before_blaming_positions() -> None:
+    """xLSTM takes no position ids and its forward swallows attention_mask: cached decoding of
+    a left-padded batch and a padded loss fail because the padding is read, which kv_cache
+    measures on the failing batch and loss_masking takes from padded_inputs. BART's decoder
+    applies its mask: there the positional explanation stays."""
+    result = audit(HFAdapter(shrunk_model("xlstm", "causal-lm")), ["kv_cache", "loss_masking"], profile="dev")
+    greedy = next(c for c in result.suite("kv_cache").checks if c.name == "greedy_generation")
+    extra = next(c for c in result.suite("loss_masking").checks if c.name == "extra_padding")
+    for check in (greedy, extra):
+        assert check.status == "fail" and check.message.endswith("the padding mask is not applied"), check.message
+    bart = kv_checks(shrunk_model("bart", "causal-lm"))["greedy_generation"]
+    assert bart.status == "fail" and bart.message.endswith("(derive positions from attention_mask, or accept position_ids)"), bart.message
+
+
 def kv_checks(model) -> dict:  # type: ignore[no-untyped-def]
     return {c.name: c for c in audit(HFAdapter(model), ["kv_cache"], profile="dev").suite("kv_cache").checks}
 
