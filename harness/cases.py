@@ -207,6 +207,14 @@ def without_positional_caveat(check: Any) -> None:
             check.message = check.message[: -len(caveat)] + "; other ids in the padded slots move real outputs too, so this is not only shifted positions: the padding mask is not applied"
 
 
+def without_positional_caveats_if(results: list, leak_check: str) -> None:
+    """A suite's positional caveats rest on ``leak_check`` (other ids in the padded slots)
+    passing: where it failed, the mask is not applied and no check keeps its caveat."""
+    if any(r.name == leak_check and r.status == "fail" for r in results):
+        for result in results:
+            without_positional_caveat(result)
+
+
 def checked_positional_caveat(b: RowBatches, context: RunContext, outcome: Outcome, batch: Batch, seed: int) -> Evaluation:
     """``outcome`` with its positional caveat (:func:`left_padding_caveat`) checked on
     ``batch``: other ids in its padded slots must not move its real logits (same shapes).

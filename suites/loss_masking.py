@@ -30,7 +30,7 @@ from ..harness.cases import (
     positions_for,
     random_ids,
     random_rows,
-    without_positional_caveat,
+    without_positional_caveats_if,
 )
 from ..harness.strategies import case_strategy
 from ..harness.suite import Check, Outcome, RunContext, Suite
@@ -101,9 +101,7 @@ class LossMaskingSuite(Suite):
     def conclude(self, results: list) -> None:
         """extra_padding's positional caveat rests on padded_inputs passing: a loss that moves
         with the ids in padded slots (xLSTM ignores its mask) has no positions to blame."""
-        if any(r.name == "padded_inputs" and r.status == "fail" for r in results):
-            for result in results:
-                without_positional_caveat(result)
+        without_positional_caveats_if(results, "padded_inputs")
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)

@@ -36,7 +36,7 @@ from ..harness.cases import (
     real_logits,
     same_shape_outcome,
     with_floor,
-    without_positional_caveat,
+    without_positional_caveats_if,
 )
 from ..harness.influence import expected_pattern, measure_influence
 from ..harness.strategies import case_strategy
@@ -96,9 +96,7 @@ class PaddingSuite(Suite):
     def conclude(self, results: list) -> None:
         """A positional caveat rests on pad_ids passing: a model whose padded ids move real
         outputs (RWKV ignores its mask) has no positions to blame."""
-        if any(r.name == "pad_ids" and r.status == "fail" for r in results):
-            for result in results:
-                without_positional_caveat(result)
+        without_positional_caveats_if(results, "pad_ids")
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         caps = adapter.capabilities
