@@ -241,13 +241,14 @@ class KVCacheSuite(Suite):
                         diverged.append(f"row {i} at step {int(steps[0])}")
                 if diverged:
                     outcome.message += f"; the batch generated other tokens than each row's own argmax: {', '.join(diverged)}"
-            return (yield from checked_positional_caveat(b, context, left_padding_caveat(outcome, b.caps, "left"), batch, case.seed))
+            return left_padding_caveat(outcome, b.caps, "left")
 
         # Every threshold grows with the floor: the copy is decoded only for a case that does not pass without it.
         outcome = yield from decoded(1)
         if outcome.status == "pass":
             return outcome
-        return (yield from decoded(2))
+        # The caveat is checked once, on the verdict that stands (its forwards are the same for both).
+        return (yield from checked_positional_caveat(b, context, (yield from decoded(2)), batch, case.seed))
 
     def generate_use_cache(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Outcome:
         rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
