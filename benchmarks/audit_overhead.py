@@ -47,7 +47,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
-from maskcheck.harness.specs import adapter_for  # noqa: E402
+from maskcheck.harness.adapters.specs import adapter_for  # noqa: E402
 
 
 def gpt2_small() -> Any:
@@ -268,7 +268,7 @@ def measure(
     audit_time, bare_time = statistics.median(a for a, _ in audits), statistics.median(sum(b.values()) for b in bares)
     per_suite = {}
     gate_forwards = sum(1 for *_, s in recorder.calls if s == GATE)
-    if gate_forwards:  # padding/batch_composition, run before the suites (harness.runner.batching_gate)
+    if gate_forwards:  # padding/batch_composition, run before the suites (harness.audits.runner.batching_gate)
         per_suite[GATE] = {
             "status": next(c.status for c in recorded.suite("padding").checks if c.name == "batch_composition"),
             "cases": 0,

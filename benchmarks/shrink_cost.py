@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
 from maskcheck.harness import runner  # noqa: E402
-from maskcheck.harness.suite import RunContext  # noqa: E402
+from maskcheck.harness.engine.suite import RunContext  # noqa: E402
 from maskcheck.reference_models.mutants import MUTANTS  # noqa: E402
 
 

@@ -4,7 +4,7 @@
 #   bash scripts/gpu_check.sh        # logs and JSON reports into $OUT, else ./gpu-results
 #
 # 1. the noise floors in float32, bfloat16 and float16 measured on the GPU: the evidence
-#    for the CUDA rows of the tolerance table (harness/tolerance.py);
+#    for the CUDA rows of the tolerance table (harness/engine/tolerance.py);
 # 2. the overhead benchmark of both models in bfloat16 (the dtype people deploy) and
 #    float32, timed with a synchronize after every forward;
 # 3. the ci-profile audit of the tiny reference model and of the GPT-2-small shape in
@@ -35,7 +35,7 @@ step() {
     # The 124M checkpoint stays outside $OUT: only small files come back from a lent machine.
     step "$python" -c "import sys; sys.path.insert(0, 'benchmarks'); from audit_overhead import gpt2_small; gpt2_small().save_pretrained('/tmp/gpt2-small')"
     for dtype in bfloat16 float16; do
-        step "$python" -m maskcheck.harness.cli audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
-        step "$python" -m maskcheck.harness.cli audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
+        step "$python" -m maskcheck audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
+        step "$python" -m maskcheck audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
     done
 } 2>&1 | tee "$out/gpu-check.log"

@@ -17,7 +17,7 @@ warnings.filterwarnings("ignore")
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.harness.registry import suite_names
+from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS

@@ -1,4 +1,4 @@
-"""Measure the noise floors behind the default tolerance table (harness/tolerance.py).
+"""Measure the noise floors behind the default tolerance table (harness/engine/tolerance.py).
 
 Runs every check of the mask, packing and kv_cache suites on clean models (reference presets and tiny
 Hugging Face models, eager and sdpa) in float32, bfloat16 and float16 on this CPU (or
@@ -6,7 +6,7 @@ on a GPU with ``--device cuda``: the floors behind the CUDA rows of the table), 
 prints the largest difference of each kind in units of ``eps(dtype) * scale``: the
 numbers the ``*_ulps`` defaults must stay well above. For bfloat16 and float16 it also
 prints FlashAttention's reference error (``vs_float32``), as every low-precision audit
-measures it (maskcheck.harness.tolerance.measure_reference_error): the low-precision model against
+measures it (maskcheck.harness.engine.tolerance.measure_reference_error): the low-precision model against
 a float32 copy of the same weights on one batch. A shape-changing comparison puts two
 low-precision computations side by side, each within that error of the float32 result,
 so the shape-changing threshold must stay above twice it. Clean models only: any
@@ -26,10 +26,10 @@ warnings.filterwarnings("ignore")
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from maskcheck.harness.registry import load_suite
-from maskcheck.harness.specs import adapter_for
-from maskcheck.harness.suite import Check, RunContext
-from maskcheck.harness.tolerance import Tolerance, measure_reference_error
+from maskcheck.harness.engine.registry import load_suite
+from maskcheck.harness.adapters.specs import adapter_for
+from maskcheck.harness.engine.suite import Check, RunContext
+from maskcheck.harness.engine.tolerance import Tolerance, measure_reference_error
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 

@@ -24,7 +24,7 @@ from dataclasses import asdict
 
 import torch
 
-from maskcheck.harness.specs import SpecError, override_config
+from maskcheck.harness.adapters.specs import SpecError, override_config
 from maskcheck.reference_models import ModelConfig, save_checkpoint
 from maskcheck.reference_models.retrieval import VOCAB_KEY, RetrievalVocab
 from maskcheck.reference_models.training import TASKS, TrainingRun, train

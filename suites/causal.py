@@ -19,8 +19,8 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.batching import Evaluation
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation
+from ..harness.engine.cases import (
     pad_rows,
     pad_token,
     perturb,
@@ -28,9 +28,9 @@ from ..harness.cases import (
     random_ids,
     same_shape_outcome,
 )
-from ..harness.influence import expected_pattern, measure_influence
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.influence import expected_pattern, measure_influence
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 16
 

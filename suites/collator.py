@@ -37,8 +37,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome
 
 IGNORE_INDEX = -100
 TASKS = ("causal-lm", "packed", "seq2seq")

@@ -15,8 +15,8 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.batching import Evaluation, Logits
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation, Logits
+from ..harness.engine.cases import (
     aligned_outcome,
     left_padding_caveat,
     pad_rows,
@@ -27,9 +27,9 @@ from ..harness.cases import (
     same_shape_outcome,
     with_floor,
 )
-from ..harness.influence import measure_influence
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.influence import measure_influence
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 10
 

@@ -41,8 +41,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities, LogitsShapeError
-from ..harness.batching import Evaluation, Greedy, Logits
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation, Greedy, Logits
+from ..harness.engine.cases import (
     RowBatches,
     aligned_outcome,
     checked_positional_caveat,
@@ -55,8 +55,8 @@ from ..harness.cases import (
     shape_change_outcome,
     with_floor,
 )
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, CheckResult, Outcome, RunContext, Suite
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 MAX_CHUNK = 4
 MAX_CHUNKS = 4

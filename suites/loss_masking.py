@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.batching import Evaluation, Logits
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation, Logits
+from ..harness.engine.cases import (
     left_padding_caveat,
     pad_rows,
     pad_token,
@@ -32,8 +32,8 @@ from ..harness.cases import (
     random_rows,
     without_positional_caveats_if,
 )
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 IGNORE = -100
 MAX_LENGTH = 12
@@ -187,7 +187,7 @@ class LossMaskingSuite(Suite):
 def with_repeat(again: Callable[[], float], first: float, judge: Callable[[float], Outcome]) -> Outcome:
     """``judge(floor)`` at floor 0; a judgement that is not a pass is made again at the floor
     a repeat of the first loss measures, ``|first - again()|``. Thresholds grow with the
-    floor, so the repeat costs nothing on a case that passes (as harness.cases.with_floor)."""
+    floor, so the repeat costs nothing on a case that passes (as harness.engine.cases.with_floor)."""
     outcome = judge(0.0)
     if outcome.status == "pass":
         return outcome

@@ -30,10 +30,10 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.cases import pad_token, random_ids, shape_change_outcome
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
-from ..harness.verdict import CheckResult
+from ..harness.engine.cases import pad_token, random_ids, shape_change_outcome
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.verdict import CheckResult
 from ..reference_models.config import LAYOUT_VALUES
 
 PROBE_ROWS = 8
@@ -101,7 +101,7 @@ class NormCheckpointSuite(Suite):
                 problems.append(f"{len(names)} {what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}")
         if not problems:
             return Outcome("pass", message="every tensor of the checkpoint is used and every parameter comes from it")
-        from ..harness.checkpoint_fit import checkpoint_names, matching_classes
+        from ..harness.adapters.checkpoint_fit import checkpoint_names, matching_classes
 
         architecture = type(getattr(adapter, "model", None)).__name__
         fits = [name for name in matching_classes(checkpoint_names(info.checkpoint)) if name != architecture]

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.batching import Evaluation, Logits, run_alone
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation, Logits, run_alone
+from ..harness.engine.cases import (
     aligned_outcome,
     pad_rows,
     pad_token,
@@ -43,8 +43,8 @@ from ..harness.cases import (
     same_shape_outcome,
     with_floor,
 )
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_SEGMENT = 6
 

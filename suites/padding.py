@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.batching import Evaluation, Logits
-from ..harness.cases import (
+from ..harness.engine.batching import Evaluation, Logits
+from ..harness.engine.cases import (
     RowBatches,
     aligned_outcome,
     left_padding_caveat,
@@ -38,9 +38,9 @@ from ..harness.cases import (
     with_floor,
     without_positional_caveats_if,
 )
-from ..harness.influence import expected_pattern, measure_influence
-from ..harness.strategies import case_strategy
-from ..harness.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.influence import expected_pattern, measure_influence
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
 

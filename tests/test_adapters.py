@@ -12,7 +12,7 @@ import torch
 from maskcheck.harness.adapters.base import AdapterError, Batch, Capabilities, extend
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.module import ModuleAdapter
-from maskcheck.harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from maskcheck.harness.adapters.specs import LoadOptions, SpecError, load_adapter, parse_spec
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 
 HF_NAMES = ["gpt2", "llama", "bert", "t5", "bart"]

@@ -120,7 +120,7 @@ SUBSET = [
 def recorded(model_type: str, task: str) -> dict:
     records = [json.loads(line) for line in RESULTS.read_text().splitlines()]
     matches = [r for r in records if (r["type"], r["task"], r["implementation"]) == (model_type, task, "default")]
-    assert matches, f"{model_type} ({task}) is not in {RESULTS.name}: run scripts/architecture_sweep.py --types {model_type}"
+    assert matches, f"{model_type} ({task}) is not in {RESULTS.name}: run scripts/sweep/architecture_sweep.py --types {model_type}"
     return matches[-1]
 
 

@@ -12,7 +12,7 @@ from verdict_record import RECORD
 
 from maskcheck import audit
 from maskcheck.harness.adapters.base import Batch
-from maskcheck.harness.batching import (
+from maskcheck.harness.engine.batching import (
     FORWARD_COST_TOKENS,
     Logits,
     plan,
@@ -20,8 +20,8 @@ from maskcheck.harness.batching import (
     run_together,
     widen,
 )
-from maskcheck.harness.cases import RowBatches
-from maskcheck.harness.specs import adapter_for
+from maskcheck.harness.engine.cases import RowBatches
+from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.mutants import build
 

@@ -10,7 +10,7 @@ import pytest
 
 from maskcheck import audit
 from maskcheck.harness.cli import build_parser, main
-from maskcheck.harness.report import report_schema
+from maskcheck.harness.report.render import report_schema
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_time_limit_marks_unfinished_checks_not_run(project: Path, capsys) -> No
 
 def test_json_report_is_written_after_every_suite(project: Path) -> None:
     """The progress hook leaves a valid, incomplete report on disk while the audit runs."""
-    from maskcheck.harness.report import write_json
+    from maskcheck.harness.report.render import write_json
 
     seen = []
 
@@ -132,7 +132,7 @@ def test_help_of_every_subcommand_is_complete(capsys) -> None:  # type: ignore[n
 
 
 def test_list_shows_every_suite_and_seeded_bug(capsys) -> None:  # type: ignore[no-untyped-def]
-    from maskcheck.harness.registry import suite_names
+    from maskcheck.harness.engine.registry import suite_names
     from maskcheck.reference_models.mutants import MUTANTS
 
     assert main(["list"]) == 0
@@ -145,7 +145,7 @@ def test_module_factory_from_the_current_directory(project: Path, capsys) -> Non
     # writes its own my_models.py (under pytest-xdist both may run in one worker).
     (project / "cli_factories.py").write_text(
         "def hf():\n    from maskcheck.reference_models.hf_tiny import tiny_model\n    return tiny_model('llama')\n\n"
-        "def adapter():\n    from maskcheck.harness.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
+        "def adapter():\n    from maskcheck.harness.adapters.specs import load_adapter\n    return load_adapter('ref:tiny-decoder')\n"
     )
     assert main(["audit", "module:cli_factories:hf", "--suites", "causal", "-q"]) == 0
     assert main(["audit", "module:cli_factories:adapter", "--suites", "causal", "-q"]) == 0
@@ -156,8 +156,8 @@ def test_module_factory_from_the_current_directory(project: Path, capsys) -> Non
 
 
 def synthetic_result(checks: list) -> object:  # type: ignore[type-arg]
-    from maskcheck.harness.runner import AuditResult
-    from maskcheck.harness.verdict import SuiteResult
+    from maskcheck.harness.audits.runner import AuditResult
+    from maskcheck.harness.engine.verdict import SuiteResult
 
     result = AuditResult("ref:synthetic", {})
     result.suites.append(SuiteResult("padding", checks, cases=3))
@@ -165,8 +165,8 @@ def synthetic_result(checks: list) -> object:  # type: ignore[type-arg]
 
 
 def test_the_table_explains_every_failing_check_and_its_worst_diff() -> None:
-    from maskcheck.harness.report import render_table
-    from maskcheck.harness.verdict import CheckResult
+    from maskcheck.harness.report.render import render_table
+    from maskcheck.harness.engine.verdict import CheckResult
 
     failing = [CheckResult(f"check_{i}", "fail", f"leak number {i}", 0.2, 0.0, 0.1) for i in range(11)]
     # A warn that measured far over its threshold: the column shows it, not the first fail's.

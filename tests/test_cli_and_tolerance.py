@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from maskcheck.harness.cli import main
-from maskcheck.harness.tolerance import (
+from maskcheck.harness.engine.tolerance import (
     EPS,
     Tolerance,
     compare_logits,
@@ -160,7 +160,7 @@ def test_low_precision_audits_measure_their_float32_reference_error() -> None:
     """FlashAttention's rule, per audit: a bf16 model is compared with its float32 twin once,
     and twice that error joins the shape-changing threshold."""
     from maskcheck import LoadOptions, audit
-    from maskcheck.harness.tolerance import EPS, Tolerance
+    from maskcheck.harness.engine.tolerance import EPS, Tolerance
 
     result = audit("ref:tiny-decoder", ["padding"], options=LoadOptions(dtype="bfloat16"))
     error = result.environment["float32_reference_error"]

@@ -14,12 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from maskcheck.harness.collator_audit import (
+from maskcheck.harness.audits.collator_audit import (
     CollatorError,
     audit_collator,
     replay_collator_case,
 )
-from maskcheck.harness.grad_accumulation import (
+from maskcheck.harness.audits.grad_accumulation import (
     assert_gradient_accumulation,
     check_gradient_accumulation,
 )
@@ -96,7 +96,7 @@ def test_a_collator_that_raises_fails_on_the_fewest_examples_that_make_it_raise(
 def test_a_collator_report_follows_the_report_schema() -> None:
     import jsonschema
 
-    from maskcheck.harness.report import report_schema
+    from maskcheck.harness.report.render import report_schema
 
     result = audit_collator("collator:examples.collators:pad_is_eos")
     jsonschema.validate(result.to_dict(), report_schema())

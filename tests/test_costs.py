@@ -9,8 +9,8 @@ import pytest
 
 from maskcheck import audit
 from maskcheck.harness.cli import main
-from maskcheck.harness.costs import kv_formula, profile, tensor_bytes
-from maskcheck.harness.specs import LoadOptions, load_adapter
+from maskcheck.harness.audits.costs import kv_formula, profile, tensor_bytes
+from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
 from maskcheck.reference_models.hf_tiny import tiny_model
 
 
@@ -86,7 +86,7 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from audit_overhead import Recorder
 
-    from maskcheck.harness.specs import adapter_for
+    from maskcheck.harness.adapters.specs import adapter_for
 
     model = tiny_model("gpt2")
     plain = adapter_for(model).capabilities

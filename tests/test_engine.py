@@ -6,15 +6,15 @@ from typing import Any, Callable
 
 import pytest
 
-import maskcheck.harness.suite as engine
-from maskcheck.harness.suite import (
+import maskcheck.harness.engine.suite as engine
+from maskcheck.harness.engine.suite import (
     Check,
     Outcome,
     RunContext,
     run_check,
     split_examples,
 )
-from maskcheck.harness.tolerance import tolerance_for
+from maskcheck.harness.engine.tolerance import tolerance_for
 from maskcheck.suites.padding import PaddedCase, padded_cases
 
 
@@ -100,7 +100,7 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
     from hypothesis import find, settings
     from hypothesis import strategies as st
 
-    from maskcheck.harness.strategies import case_strategy
+    from maskcheck.harness.engine.strategies import case_strategy
 
     @dataclass(frozen=True)
     class Case:
@@ -123,7 +123,7 @@ def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_fu
     from hypothesis import Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    from maskcheck.harness.suite import example_strategy
+    from maskcheck.harness.engine.suite import example_strategy
 
     examples: list[tuple] = []
 

@@ -83,7 +83,7 @@ def test_random_weights_are_inconclusive_without_calling_anything_untrained() ->
 
 
 def test_the_report_shows_the_variant_table() -> None:
-    from maskcheck.harness.report import render_markdown
+    from maskcheck.harness.report.render import render_markdown
 
     report = render_markdown(audit(f"hf:{SHIPPED_HF['hf-llama']}", ["norm_checkpoint"]).to_dict())
     assert "### norm_checkpoint / behaviour: PASS" in report

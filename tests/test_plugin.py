@@ -87,7 +87,7 @@ def test_warn_becomes_a_pytest_warning(pytester: pytest.Pytester) -> None:
 def test_hook_fixture_and_helper_for_test_authors(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         '''
-from maskcheck.harness.testing import ModelEntry
+from maskcheck.harness.plugin.testing import ModelEntry
 
 
 def build():
@@ -101,7 +101,7 @@ def pytest_maskcheck_models(config):
     )
     pytester.makepyfile(
         test_mine='''
-from maskcheck.harness.testing import maskcheck_tests
+from maskcheck.harness.plugin.testing import maskcheck_tests
 from maskcheck.reference_models.mutants import build
 
 test_buggy_cache = maskcheck_tests(lambda: build("kv_cache_appended_twice"), suites=["kv_cache"], name="buggy", profile="dev")
@@ -270,7 +270,7 @@ def test_each_worker_takes_a_fair_share_of_threads(pytester: pytest.Pytester, mo
     import subprocess
     import sys
 
-    from maskcheck.harness.threads import fair_share, usable_cores
+    from maskcheck.harness.plugin.threads import fair_share, usable_cores
 
     cores = usable_cores()
     if cores < 2:

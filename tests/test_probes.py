@@ -11,8 +11,8 @@ import torch
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.cli import main
-from maskcheck.harness.specs import LoadOptions, load_adapter
-from maskcheck.harness.suite import ProbeError
+from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
+from maskcheck.harness.engine.suite import ProbeError
 from maskcheck.suites.probes import run_lost_in_the_middle, run_needle
 from maskcheck.suites.probes.haystacks import Sample, Templates, TextHaystack, word_list
 from maskcheck.suites.probes.scoring import greedy_answer, score

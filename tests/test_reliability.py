@@ -16,7 +16,7 @@ from maskcheck import audit
 from maskcheck.harness.adapters.base import Capabilities
 from maskcheck.harness.adapters.module import ModuleAdapter
 from maskcheck.harness.cli import main
-from maskcheck.harness.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from maskcheck.harness.adapters.specs import LoadOptions, SpecError, load_adapter, parse_spec
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.hf_tiny import tiny_model
 

@@ -1,4 +1,4 @@
-"""scripts/reproduce_finding.py decides a small difference in float64: rounding shrinks
+"""scripts/sweep/reproduce_finding.py decides a small difference in float64: rounding shrinks
 there, a behaviour keeps its size (the rule every confirmation in docs/architectures.md
 rests on)."""
 
@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "reproduce_finding.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sweep" / "reproduce_finding.py"
 
 
 @pytest.fixture(scope="module")

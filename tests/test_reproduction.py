@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from maskcheck import audit
 from maskcheck.harness.cli import main
-from maskcheck.harness.reproduction import (
+from maskcheck.harness.report.reproduction import (
     BundleError,
     load_bundle,
     replay,
@@ -93,7 +93,7 @@ def test_replay_cli_reports_the_verdict(bundles: dict[str, Path], capsys) -> Non
 def test_replay_says_when_the_weights_changed(tmp_path: Path) -> None:
     torch.manual_seed(0)
     checkpoint = save_checkpoint(Transformer(ModelConfig()), tmp_path / "model.safetensors")
-    from maskcheck.harness.specs import LoadOptions
+    from maskcheck.harness.adapters.specs import LoadOptions
 
     result = audit(f"ref:{checkpoint}", ["norm_checkpoint"], options=LoadOptions(overrides={"norm_layout": "post"}), bundle_dir=tmp_path / "report")
     bundle = Path(result.suite("norm_checkpoint").reproduction)
@@ -126,7 +126,7 @@ def test_ci_profile_records_the_hypothesis_blob(tmp_path: Path) -> None:
 
 
 def test_profiles_are_registered_with_hypothesis() -> None:
-    import maskcheck.harness.profiles  # noqa: F401
+    import maskcheck.harness.engine.profiles  # noqa: F401
 
     assert settings.get_profile("maskcheck-dev").max_examples == 8
     ci = settings.get_profile("maskcheck-ci")

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.harness.specs import LoadOptions, adapter_for, load_adapter
+from maskcheck.harness.adapters.specs import LoadOptions, adapter_for, load_adapter
 from maskcheck.reference_models import PRESETS, ModelConfig, save_checkpoint
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.training import TrainingRun, train

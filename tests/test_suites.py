@@ -143,10 +143,10 @@ def test_no_false_positives_across_seeds(seed: int) -> None:
 
 
 def leak_cells(spec: str, suite_name: str) -> tuple[set[tuple[int, int]], int]:
-    from maskcheck.harness.registry import load_suite
-    from maskcheck.harness.specs import load_adapter
-    from maskcheck.harness.suite import RunContext
-    from maskcheck.harness.tolerance import tolerance_for
+    from maskcheck.harness.engine.registry import load_suite
+    from maskcheck.harness.adapters.specs import load_adapter
+    from maskcheck.harness.engine.suite import RunContext
+    from maskcheck.harness.engine.tolerance import tolerance_for
 
     adapter = load_adapter(spec)
     context = RunContext(tolerance=tolerance_for("cpu", "float32"))
@@ -193,8 +193,8 @@ def test_pictures_of_a_nan_model_and_of_a_batch_dependent_failure_say_so(tmp_pat
     import matplotlib.pyplot as plt
     import torch
 
-    from maskcheck.harness.influence import Influence
-    from maskcheck.harness.picture import draw_effective_mask
+    from maskcheck.harness.engine.influence import Influence
+    from maskcheck.harness.report.picture import draw_effective_mask
 
     captions = []
     original = plt.Figure.suptitle
@@ -217,8 +217,8 @@ def test_the_picture_labels_padded_rows_and_columns(tmp_path) -> None:  # type: 
     import matplotlib.pyplot as plt
     import torch
 
-    from maskcheck.harness.influence import Influence
-    from maskcheck.harness.picture import draw_effective_mask
+    from maskcheck.harness.engine.influence import Influence
+    from maskcheck.harness.report.picture import draw_effective_mask
 
     labels: dict[str, list[str]] = {"x": [], "y": []}
     originals = plt.Axes.set_xticklabels, plt.Axes.set_yticklabels

@@ -14,7 +14,7 @@ process of its own, as it was recorded.
 
 The record now in the file was made by the engine before batching (commit 075cb96) with
 one change applied: its searches drew without Hypothesis's pool of constants from local
-modules (``harness.profiles.without_local_constants``), which every search draws without
+modules (``harness.engine.profiles.without_local_constants``), which every search draws without
 since. That change alone moved 30 of the catalogue's cases and no status; the record
 holds the engine after batching to the same draws.
 """

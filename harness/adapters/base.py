@@ -203,7 +203,7 @@ class Adapter(abc.ABC):
     spec: str = "<object>"
     #: what the checkpoint behind this model recorded at save time, when it was loaded from one
     checkpoint: CheckpointRecord | None = None
-    #: the maskcheck.harness.specs.LoadOptions the spec was loaded with (None for objects)
+    #: the maskcheck.harness.adapters.specs.LoadOptions the spec was loaded with (None for objects)
     load_options: Any = None
     #: a spec that rebuilds a model given as an object (an importable factory), for reproduction bundles
     replay_spec: str | None = None

@@ -89,7 +89,7 @@ def _build_class_templates() -> tuple[ClassTemplate, ...]:
     import torch
     import transformers
 
-    from ..reference_models.hf_tiny import model_types, shrunk_config
+    from ...reference_models.hf_tiny import model_types, shrunk_config
 
     templates = []
     for model_type in model_types("causal-lm"):

@@ -112,7 +112,7 @@ def sibling_classes(model: Any) -> list[tuple[str, str]]:
     """``(class name, model type)`` of the other causal-LM classes with exactly the model's parameter names."""
     import transformers
 
-    from ..checkpoint_fit import classes_with_parameters, tied_names
+    from .checkpoint_fit import classes_with_parameters, tied_names
 
     names = set(model.state_dict()) - tied_names(model)
     type_of_class = {name: model_type for model_type, name in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if isinstance(name, str)}

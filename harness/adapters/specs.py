@@ -103,18 +103,18 @@ def load_adapter(spec: str, options: LoadOptions | None = None) -> Any:
 
 def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None, dtype: Any = None, task: str | None = None) -> Any:
     """Wrap a model object in the adapter that fits its type."""
-    from .adapters.base import Adapter
+    from .base import Adapter
 
     if isinstance(model, Adapter):
         return model
-    from ..reference_models import Transformer
+    from ...reference_models import Transformer
 
     if isinstance(model, Transformer):
-        from .adapters.reference import ReferenceAdapter
+        from .reference import ReferenceAdapter
 
         return ReferenceAdapter(_place(model, device, dtype), spec)
     if _is_pretrained(model):
-        from .adapters.hf import HFAdapter, HFLoadError
+        from .hf import HFAdapter, HFLoadError
 
         try:
             return HFAdapter(_place(model, device, dtype), spec, task=task)
@@ -122,8 +122,8 @@ def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None
             raise SpecError(str(exc)) from None
     capabilities = getattr(model, "maskcheck_capabilities", None)
     if capabilities is not None:
-        from .adapters.base import Capabilities
-        from .adapters.module import ModuleAdapter
+        from .base import Capabilities
+        from .module import ModuleAdapter
 
         if isinstance(capabilities, dict):
             capabilities = Capabilities(**capabilities)
@@ -153,7 +153,7 @@ def _is_pretrained(model: Any) -> bool:
 
 
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from ..reference_models import (
+    from ...reference_models import (
         PRESETS,
         SHIPPED,
         CheckpointError,
@@ -161,7 +161,7 @@ def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) 
         load_checkpoint,
         read_config,
     )
-    from .adapters.reference import checkpoint_record, trained_length
+    from .reference import checkpoint_record, trained_length
 
     if target in SHIPPED:
         target = str(SHIPPED[target])
@@ -195,8 +195,8 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 def _reference_pickle(target: str, options: LoadOptions) -> Any:
     """A reference model from a torch.save'd ``{"config": {...}, "state_dict": {...}}``, only with --allow-pickle."""
-    from ..reference_models import ModelConfig, Transformer
-    from .adapters.base import PickleRefused, load_tensors_only
+    from ...reference_models import ModelConfig, Transformer
+    from .base import PickleRefused, load_tensors_only
 
     if not options.allow_pickle:
         raise SpecError(
@@ -250,7 +250,7 @@ def _coerce(value: Any, current: Any) -> Any:
 
 
 def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from ..reference_models import mutants
+    from ...reference_models import mutants
 
     try:
         model = mutants.build(target)
@@ -260,7 +260,7 @@ def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> 
 
 
 def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from .adapters.hf import (
+    from .hf import (
         HFAdapter,
         HFLoadError,
         load_hf_directory,

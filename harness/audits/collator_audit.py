@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..suites import collator as checks_of
-from .profiles import check_profile, examples_of
+from ...suites import collator as checks_of
+from ..engine.profiles import check_profile, examples_of
 from .runner import AuditResult
-from .suite import CaseFailed, Outcome, RunContext, run_check
-from .tolerance import tolerance_for
-from .verdict import SuiteResult
+from ..engine.suite import CaseFailed, Outcome, RunContext, run_check
+from ..engine.tolerance import tolerance_for
+from ..engine.verdict import SuiteResult
 
 SUITE = "collator"
 
@@ -59,7 +59,7 @@ def vocabulary_of(collate: Any, pad_id: int | None = None, eos_id: int | None = 
 
 def load_collator(spec: str | Callable[..., Any], pad_id: int | None = None, eos_id: int | None = None) -> CollatorTarget:
     """A collator from ``collator:pkg.mod:factory`` (or ``pkg.mod:factory``), or from a collate callable itself."""
-    from .specs import SpecError, call_factory
+    from ..adapters.specs import SpecError, call_factory
 
     if callable(spec):
         return CollatorTarget(getattr(spec, "__name__", type(spec).__name__), spec, vocabulary_of(spec, pad_id, eos_id), None)
@@ -143,7 +143,7 @@ def write_collator_bundle(directory: Path, target: CollatorTarget, task: str, fa
     for name, failure in failures:
         features = checks_of.build_examples(failure.case, task, target.vocabulary)
         cases.append({"check": name, "message": failure.outcome.message, "examples": features})
-    from .specs import import_root
+    from ..adapters.specs import import_root
 
     root = import_root(f"module:{target.factory}") if target.factory else None
     data = {"format": 1, "kind": "collator", "spec": target.spec, "factory": target.factory, "import_root": root, "task": task, "pad_id": target.vocabulary.pad, "eos_id": target.vocabulary.eos, "cases": cases}
@@ -163,7 +163,7 @@ from pathlib import Path
 
 import pytest
 
-from maskcheck.harness.collator_audit import replay_collator_case
+from maskcheck.harness.audits.collator_audit import replay_collator_case
 
 DATA = json.loads((Path(__file__).parent / "case.json").read_text())
 

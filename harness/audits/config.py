@@ -53,7 +53,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "tolerance": dict,
     "known_findings": list,
     "collators": list,
-    "disabled_conventions": list,  # ids of harness/conventions.json entries to report as failures again
+    "disabled_conventions": list,  # ids of harness/audits/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
 }
 LIST_KEYS = ("models", "suites", "attn_implementation")
@@ -122,7 +122,7 @@ def normalise(table: dict[str, Any], where: str) -> dict[str, Any]:
 
 def collator_entry(entry: Any, where: str) -> tuple[str, str]:
     """``(factory, task)`` of one ``collators`` entry."""
-    from ..suites.collator import TASKS
+    from ...suites.collator import TASKS
 
     if isinstance(entry, str):
         entry = {"factory": entry}

@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from .adapters.base import Adapter, Batch
-from .cases import random_ids
+from ..adapters.base import Adapter, Batch
+from ..engine.cases import random_ids
 
 
 @dataclass

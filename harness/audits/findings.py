@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .config import KnownFinding
-from .verdict import SuiteResult
+from ..engine.verdict import SuiteResult
 
 ACCEPTABLE = ("fail", "error")
 

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
+from ..adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
 from .config import KnownFinding
 from .findings import apply_conventions, apply_known_findings
-from .profiles import check_profile, examples_of
-from .registry import UnknownSuiteError, load_probe, load_suite, suite_names
-from .reproduction import FailedCheck, write_bundle
-from .specs import LoadOptions, adapter_for, load_adapter
-from .suite import Check, ProbeError, RunContext, run_check
-from .tolerance import measure_reference_error, tolerance_for
-from .verdict import FAILING, CheckResult, SuiteResult, worst
+from ..engine.profiles import check_profile, examples_of
+from ..engine.registry import UnknownSuiteError, load_probe, load_suite, suite_names
+from ..report.reproduction import FailedCheck, write_bundle
+from ..adapters.specs import LoadOptions, adapter_for, load_adapter
+from ..engine.suite import Check, ProbeError, RunContext, run_check
+from ..engine.tolerance import measure_reference_error, tolerance_for
+from ..engine.verdict import FAILING, CheckResult, SuiteResult, worst
 
 SCHEMA_VERSION = 1
 
@@ -128,10 +128,10 @@ def audit(
 
     ``report_dir`` receives the pictures of failing mask suites and, like ``bundle_dir``
     (which defaults to it), one reproduction bundle per failing suite (``repro-<suite>/``).
-    ``profile`` is one of maskcheck.harness.profiles.PROFILES; ``examples`` replaces its case count.
+    ``profile`` is one of maskcheck.harness.engine.profiles.PROFILES; ``examples`` replaces its case count.
     ``timeout`` limits each suite (seconds): checks it cuts short are ``not_run``.
     ``known_findings`` turn matching failures into ``warn`` until they expire; documented
-    conventions of the model's architecture (``harness/conventions.json``) do the same,
+    conventions of the model's architecture (``harness/audits/conventions.json``) do the same,
     except those named in ``disabled_conventions``.
     ``probes`` (``needle``, ``lost-in-the-middle``) run after the suites with their defaults;
     their grids and pictures go to ``report_dir`` when one is given.
@@ -141,8 +141,8 @@ def audit(
     gate in this process; ``True`` runs it in any case (the pytest plugin, whose items each
     audit one suite); ``False`` gives every case its own forwards.
 
-    Raises :class:`maskcheck.harness.specs.SpecError` when the model cannot be loaded and
-    :class:`maskcheck.harness.registry.UnknownSuiteError` for an unknown suite name.
+    Raises :class:`maskcheck.harness.adapters.specs.SpecError` when the model cannot be loaded and
+    :class:`maskcheck.harness.engine.registry.UnknownSuiteError` for an unknown suite name.
     """
     adapter = load_adapter(model, options) if isinstance(model, str) else adapter_for(model)
     names = list(suites) if suites else suite_names()
@@ -237,7 +237,7 @@ def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dic
     running it again."""
     if not adapter.capabilities.takes_attention_mask:
         return False, "off: the model takes no attention mask, so batch_composition, which must pass before cases share forwards, cannot run; every case has forwards of its own", {}
-    from ..suites.padding import PaddingSuite
+    from ...suites.padding import PaddingSuite
 
     check = next(c for c in PaddingSuite().checks(adapter, context) if isinstance(c, Check) and c.name == "batch_composition")
     try:
@@ -294,7 +294,7 @@ def _bundle(suite: Any, adapter: Adapter, context: RunContext, failures: list[Fa
 
 def _draw(suite: Any, adapter: Adapter, context: RunContext, failed: bool) -> str | None:
     """The effective-mask PNG of a mask suite; a drawing problem never fails the audit."""
-    from .picture import draw_effective_mask
+    from ..report.picture import draw_effective_mask
 
     try:
         influence, expected = suite.effective_mask(adapter, context)

@@ -166,9 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_list() -> int:
-    from ..reference_models import PRESETS, SHIPPED
-    from ..reference_models.mutants import MUTANTS
-    from .registry import load_suite, probe_names, suite_names
+    from ...reference_models import PRESETS, SHIPPED
+    from ...reference_models.mutants import MUTANTS
+    from ..engine.registry import load_suite, probe_names, suite_names
 
     print("Suites:")
     for name in suite_names():
@@ -211,11 +211,11 @@ def _quiet_transformers() -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .config import ConfigError, load_config
-    from .registry import UnknownSuiteError, suite_names, unknown_suites_message
-    from .report import render_markdown, render_table, write_atomically, write_json
-    from .runner import audit
-    from .specs import LoadOptions, SpecError
+    from ..audits.config import ConfigError, load_config
+    from ..engine.registry import UnknownSuiteError, suite_names, unknown_suites_message
+    from ..report.render import render_markdown, render_table, write_atomically, write_json
+    from ..audits.runner import audit
+    from ..adapters.specs import LoadOptions, SpecError
 
     if not args.verbose:
         _quiet_transformers()
@@ -324,8 +324,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _audit_collator(args: argparse.Namespace, option: Any) -> int:
     """``maskcheck audit collator:pkg.mod:factory --task ...``: the collator checks, one table."""
-    from .collator_audit import CollatorError, audit_collator
-    from .report import render_markdown, render_table, write_atomically, write_json
+    from ..audits.collator_audit import CollatorError, audit_collator
+    from ..report.render import render_markdown, render_table, write_atomically, write_json
 
     started = time.perf_counter()
     report_dir = option("report_dir", "report", None)
@@ -357,11 +357,11 @@ def _split(text: str) -> list[str]:
 
 
 def cmd_effective_mask(args: argparse.Namespace) -> int:
-    from .picture import draw_effective_mask
-    from .registry import load_suite
-    from .specs import LoadOptions, SpecError, load_adapter
-    from .suite import RunContext
-    from .tolerance import tolerance_for
+    from ..report.picture import draw_effective_mask
+    from ..engine.registry import load_suite
+    from ..adapters.specs import LoadOptions, SpecError, load_adapter
+    from ..engine.suite import RunContext
+    from ..engine.tolerance import tolerance_for
 
     _quiet_transformers()
     try:
@@ -379,9 +379,9 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from .registry import load_probe
-    from .specs import LoadOptions, SpecError, load_adapter
-    from .suite import ProbeError
+    from ..engine.registry import load_probe
+    from ..adapters.specs import LoadOptions, SpecError, load_adapter
+    from ..engine.suite import ProbeError
 
     _quiet_transformers()
     try:
@@ -456,10 +456,10 @@ def render_probe(result: Any) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .adapters.base import AdapterError
-    from .costs import draw, profile, render
-    from .report import write_json
-    from .specs import LoadOptions, SpecError, load_adapter
+    from ..adapters.base import AdapterError
+    from ..audits.costs import draw, profile, render
+    from ..report.render import write_json
+    from ..adapters.specs import LoadOptions, SpecError, load_adapter
 
     _quiet_transformers()
     try:
@@ -481,8 +481,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .reproduction import BundleError, replay
-    from .specs import SpecError
+    from ..report.reproduction import BundleError, replay
+    from ..adapters.specs import SpecError
 
     _quiet_transformers()
     if _is_collator_bundle(args.bundle):
@@ -506,7 +506,7 @@ def _is_collator_bundle(path: str) -> bool:
 
 
 def _replay_collator(path: str) -> int:
-    from .collator_audit import CollatorError, replay_collator_case
+    from ..audits.collator_audit import CollatorError, replay_collator_case
 
     case = Path(path) / "case.json" if Path(path).is_dir() else Path(path)
     data = json.loads(case.read_text())

@@ -18,7 +18,7 @@ fewer and larger forwards are cheaper for the same rows; the tokens themselves a
 
 Stacking rows of different cases is sound only for a model whose rows do not read each
 other, which the padding suite's ``batch_composition`` check measures; the runner runs it
-first and drives cases together only when it passed (harness/runner.py). Whatever the
+first and drives cases together only when it passed (harness/audits/runner.py). Whatever the
 model, a request keeps the attention path it asked for: rows without a mask, rows with a
 mask of ones (some attention backends drop such a mask) and padded rows are never stacked
 with each other, and padded rows only with rows padded on the same side. Those may be
@@ -34,7 +34,7 @@ from typing import Any, Callable, Generator, Sequence, Union
 import torch
 from torch import Tensor
 
-from .adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
+from ..adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
 
 #: A forward's fixed cost in tokens of per-token cost: on this project's 2-core CPU with one
 #: thread a 124M GPT-2 forward costs 55-66 ms plus 3.15-3.3 ms a token, 16-21 tokens

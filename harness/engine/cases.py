@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .adapters.base import Adapter, Batch, concat, pad_token, positions_from_mask
+from ..adapters.base import Adapter, Batch, concat, pad_token, positions_from_mask
 from .batching import Evaluation, Logits
 from .suite import Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .adapters.base import Adapter, Batch
+from ..adapters.base import Adapter, Batch
 from .cases import concat, pad_token, perturb
 from .suite import RunContext
 from .tolerance import compare_logits

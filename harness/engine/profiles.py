@@ -12,7 +12,7 @@ How the knobs combine:
   ``@reproduce_failure`` blob is printed;
 - ``--examples N`` replaces the profile's count; a check with a small case space draws
   fewer (its own cap). Hypothesis's minimal case runs first, then the N random cases,
-  up to ten to a Hypothesis example (``harness.suite.split_examples``: 20 cases are 2
+  up to ten to a Hypothesis example (``harness.engine.suite.split_examples``: 20 cases are 2
   examples of 10), which spreads Hypothesis's fixed cost per example over several model
   calls. A failing example shrinks as usual and the first failing case in it is the one
   reported. Checks of one suite given the same strategy object see the same cases,

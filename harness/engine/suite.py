@@ -21,7 +21,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .adapters.base import Adapter, AdapterError, Capabilities
+from ..adapters.base import Adapter, AdapterError, Capabilities
 from .batching import run_alone, run_together
 from .profiles import profile_settings, without_local_constants
 from .tolerance import Tolerance
@@ -43,7 +43,7 @@ class RunContext:
     # smallest failing case found so far (Hypothesis's own bound is 500 shrinks or 300 s).
     shrink_seconds: float | None = 60.0
     on_case: Callable[[str, int, int], None] | None = None  # (check, cases done, cases planned), for a progress display
-    # Cases of one example share forwards (harness/batching.py); the runner sets it once the
+    # Cases of one example share forwards (harness/engine/batching.py); the runner sets it once the
     # model's rows were shown not to read each other.
     batch_cases: bool = False
     # (suite, check) -> run_check's answer, for a check run before its suite (the batching gate)
@@ -83,12 +83,12 @@ class Check:
     replays its examples in plain Python. A replayed case that fails sends that check back
     to Hypothesis, which draws the same examples again (same seed, answered from the
     check's memo) and shrinks the failure. On the tiny reference model Hypothesis's drawing
-    costs about 0.2 ms a drawn case (some ten choices; harness.strategies) against forwards
+    costs about 0.2 ms a drawn case (some ten choices; harness.engine.strategies) against forwards
     of 0.7 ms.
     """
 
     name: str
-    evaluate: Callable[[Any], Any]  # an Outcome, or an evaluation that asks for logits (harness.batching)
+    evaluate: Callable[[Any], Any]  # an Outcome, or an evaluation that asks for logits (harness.engine.batching)
     strategy: st.SearchStrategy[Any]
     # The most examples worth drawing; a check with a small case space says so.
     max_examples: int | None = None
@@ -291,7 +291,7 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     def search() -> None:
         # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.
         phases = [Phase.generate, Phase.shrink] if context.shrink else [Phase.generate]
-        # The profile brings no deadline, no database and no health checks (harness/profiles.py).
+        # The profile brings no deadline, no database and no health checks (harness/engine/profiles.py).
         test = settings(profile_settings(context.profile), max_examples=examples, phases=phases)(given(strategy)(prop))
         with without_local_constants():  # the cases must not depend on which modules are imported
             hypothesis_seed(context.seed)(test)()

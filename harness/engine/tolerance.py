@@ -205,8 +205,8 @@ def measure_reference_error(adapter: Any) -> float | None:
     None when the model runs in float32, cannot be copied (not an ``nn.Module``, or a model
     sharded by accelerate), or its float32 twin does not fit in memory.
     """
-    from .adapters.base import Batch
-    from .specs import adapter_for
+    from ..adapters.base import Batch
+    from ..adapters.specs import adapter_for
 
     caps = adapter.capabilities
     model = getattr(adapter, "model", None)

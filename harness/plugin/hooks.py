@@ -3,7 +3,7 @@
 ``pytest --maskcheck-model SPEC`` (repeatable) adds one test per suite per model,
 ``maskcheck::test_maskcheck[SUITE-SPEC]``, so ``-k causal`` or ``-k "hf:./ckpt"`` select
 them. Collection never builds a model; a suite that does not apply is skipped with its
-reason; ``warn`` becomes a :class:`maskcheck.harness.testing.MaskcheckWarning`; a failure prints the
+reason; ``warn`` becomes a :class:`maskcheck.harness.plugin.testing.MaskcheckWarning`; a failure prints the
 verdict and the reproduction bundle's path; each check's max diff, floor and threshold go
 into the JUnit XML as properties.
 
@@ -17,7 +17,7 @@ Settings, command line first, then ``[tool.pytest.ini_options]``, then ``[tool.m
 | ``--maskcheck-device`` | ``maskcheck_device`` | ``cpu`` |
 | ``--maskcheck-dtype`` | ``maskcheck_dtype`` | the model's own |
 | ``--maskcheck-report-dir`` | ``maskcheck_report_dir`` | ``maskcheck-report`` |
-| ``--maskcheck-threads`` | ``maskcheck_threads`` | ``auto``: a fair share of the cores per worker (maskcheck.harness.threads) |
+| ``--maskcheck-threads`` | ``maskcheck_threads`` | ``auto``: a fair share of the cores per worker (maskcheck.harness.plugin.threads) |
 | ``--maskcheck-always`` | ``maskcheck_always`` | off: ``pytest PATH`` runs only that path |
 | ``--maskcheck-require`` | ``maskcheck_require`` | off: a configured model left unaudited is one red summary line, not an error |
 
@@ -157,7 +157,7 @@ def setting(config: pytest.Config, name: str) -> Any:
 def _tool_config(config: pytest.Config) -> dict[str, Any]:
     cached = config.stash.get(_CONFIG_KEY, None)
     if cached is None:
-        from .config import ConfigError, load_config
+        from ..audits.config import ConfigError, load_config
 
         try:
             cached = load_config(config.rootpath)
@@ -185,13 +185,13 @@ def models(config: pytest.Config) -> list[Any]:
 
 
 def suites(config: pytest.Config) -> list[str]:
-    from .registry import suite_names
+    from ..engine.registry import suite_names
 
     chosen = setting(config, "suites")
     if isinstance(chosen, str):
         chosen = [part.strip() for part in chosen.split(",") if part.strip()]
     known = suite_names()
-    from .registry import unknown_suites_message
+    from ..engine.registry import unknown_suites_message
 
     message = unknown_suites_message(chosen or [], known)
     if message:

@@ -96,7 +96,7 @@ class RunLedger:
 
 
 def write_result(model_dir: Path, suite: str, result: dict[str, Any], run_id: str) -> None:
-    from .report import write_json
+    from ..report.render import write_json
 
     write_json(model_dir / RESULTS / f"{suite}.json", {**result, "run_id": run_id})
 
@@ -121,7 +121,7 @@ def merge_run(ledger: RunLedger, run_complete: bool) -> list[Path]:
 
 
 def _write_merged(model_dir: Path, parts: list[dict[str, Any]], ledger: RunLedger, run_complete: bool) -> Path:
-    from .report import render_markdown, write_atomically, write_json
+    from ..report.render import render_markdown, write_atomically, write_json
 
     not_run = ledger.unfinished(model_dir.name)
     merged = {key: value for key, value in parts[0].items() if key != "run_id"}

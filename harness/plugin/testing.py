@@ -64,7 +64,7 @@ class RunOptions:
     known_findings: Sequence[Any] = ()
     disabled_conventions: Sequence[str] = ()
     tolerance: dict[str, Any] | None = None
-    threads: str | int = "auto"  # torch threads in this process (maskcheck.harness.threads)
+    threads: str | int = "auto"  # torch threads in this process (maskcheck.harness.plugin.threads)
 
 
 #: this pytest run's id, set by the plugin (workers get the controller's): results of other runs are never merged
@@ -91,7 +91,7 @@ class AdapterCache:
 
 
 def load(entry: ModelEntry, options: RunOptions) -> Any:
-    from .specs import LoadOptions, adapter_for, factory_spec, load_adapter
+    from ..adapters.specs import LoadOptions, adapter_for, factory_spec, load_adapter
 
     if isinstance(entry.load, str):
         return load_adapter(entry.load, LoadOptions(device=options.device, dtype=options.dtype))
@@ -109,9 +109,9 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
     check (which decides whether cases share forwards) runs before the first suite this
     process audits, once per model, and the padding test reports that same run."""
     from .run_report import write_result
-    from .runner import audit
+    from ..audits.runner import audit
     from .threads import apply_thread_setting, parse_threads
-    from .verdict import FAILING
+    from ..engine.verdict import FAILING
 
     apply_thread_setting(parse_threads(options.threads))
     report_dir = options.report_dir / slug if options.report_dir is not None else None
@@ -152,8 +152,8 @@ def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = No
 
 def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
     """The collator checks of ``task`` on ``factory``; fail the calling test as their verdict says."""
-    from .collator_audit import CollatorError, audit_collator
-    from .verdict import FAILING
+    from ..audits.collator_audit import CollatorError, audit_collator
+    from ..engine.verdict import FAILING
 
     slug = ModelEntry(f"collator-{factory}", factory).slug  # the report directory, named as a model's is
     try:
@@ -169,7 +169,7 @@ def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
 
 
 def verdict_text(result: Any) -> str:
-    from .report import STATUS_MARK, case_lines, how_to_reproduce
+    from ..report.render import STATUS_MARK, case_lines, how_to_reproduce
 
     suite = result.suites[0]
     lines = [f"maskcheck {suite.name} on {result.model}: {STATUS_MARK[suite.status]}"]
@@ -187,7 +187,7 @@ def verdict_text(result: Any) -> str:
 
 def bundle_model_note(bundle: str) -> str | None:
     """The bundle's one line on a model it cannot rebuild by itself, if any."""
-    from .reproduction import BundleError, load_bundle
+    from ..report.reproduction import BundleError, load_bundle
 
     try:
         return load_bundle(bundle)["model"].get("note")
@@ -210,7 +210,7 @@ def maskcheck_tests(
     ``model`` is a spec or a factory (called once per session, when the first test runs).
     ``options`` are :class:`RunOptions` fields (profile, device, dtype, examples, seed, report_dir, timeout).
     """
-    from .registry import suite_names
+    from ..engine.registry import suite_names
 
     entry = ModelEntry(name or (model if isinstance(model, str) else getattr(model, "__qualname__", "model")), model)
     run = RunOptions(**options)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .influence import Influence
+from ..engine.influence import Influence
 
 
 def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path, title: str, failed: bool = False) -> Path:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .verdict import SEVERITY, diff_ratio, worst
+from ..engine.verdict import SEVERITY, diff_ratio, worst
 
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .adapters.base import Adapter, Batch
-from .suite import Outcome, RunContext
-from .tolerance import Tolerance
+from ..adapters.base import Adapter, Batch
+from ..engine.suite import Outcome, RunContext
+from ..engine.tolerance import Tolerance
 
 #: 2: maskcheck 0.2 moved every module under the maskcheck namespace (case types read
 #: ``maskcheck.suites.padding:PaddedCase``); format 1 bundles are read by renaming them.
@@ -96,7 +96,7 @@ class RecordingAdapter:
 
 def absolute_spec(spec: str) -> str | None:
     """The spec with an absolute path, or None for a model handed in as an object."""
-    from .specs import SpecError, parse_spec
+    from ..adapters.specs import SpecError, parse_spec
 
     if not spec or " " in spec:  # a relayout ("... as norm=...") is no spec
         return None
@@ -118,7 +118,7 @@ def weights_hash(spec: str | None) -> str | None:
     path = Path(target)
     if scheme not in ("hf", "ref") or not path.exists():
         return None
-    from ..reference_models import weights_hash as file_hash
+    from ...reference_models import weights_hash as file_hash
 
     if not path.is_dir():
         return file_hash(path)
@@ -156,7 +156,7 @@ def model_source(adapter: Adapter) -> dict[str, Any]:
     """How a bundle finds its model again from any directory: the spec (a hook's or helper's
     factory when it is importable by name), the directory a ``module:`` spec imports from,
     and hashes to warn when the weights changed."""
-    from .specs import import_root
+    from ..adapters.specs import import_root
 
     spec = absolute_spec(getattr(adapter, "replay_spec", None) or adapter.spec)
     return {
@@ -235,7 +235,7 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
         "tolerance": dataclasses.asdict(context.tolerance),
         "checks": records,
     }
-    from .runner import maskcheck_version
+    from ..audits.runner import maskcheck_version
 
     data["maskcheck_version"] = maskcheck_version()
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +280,7 @@ from pathlib import Path
 
 import pytest
 
-from maskcheck.harness.reproduction import replay_check, replay_model
+from maskcheck.harness.report.reproduction import replay_check, replay_model
 
 BUNDLE = Path(__file__).resolve().parent
 {factory}
@@ -378,7 +378,7 @@ def replay_model(path: str | Path, model: Any = None, device: str | None = None)
 
 def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> Adapter:
     """The adapter to replay on, with ``replay_note`` set when its weights differ from the recorded ones."""
-    from .specs import LoadOptions, adapter_for, load_adapter
+    from ..adapters.specs import LoadOptions, adapter_for, load_adapter
 
     if model is not None and not isinstance(model, str):
         return adapter_for(model)
@@ -415,7 +415,7 @@ def _changed_weights_note(spec: str, recorded: dict[str, Any], adapter: Adapter)
 
 
 def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) -> ReplayResult:
-    from .registry import load_suite
+    from ..engine.registry import load_suite
 
     note = getattr(adapter, "replay_note", None)
     suite = load_suite(data["suite"])

@@ -1,15 +1,15 @@
 """Audit every architecture of the installed transformers, shrunk and random-init.
 
-    python scripts/architecture_sweep.py                       # causal-LM types, default + eager attention
-    python scripts/architecture_sweep.py --task all            # then masked-LM and seq2seq types
-    python scripts/architecture_sweep.py --types gpt2,llama    # a few types
-    python scripts/architecture_sweep.py --render              # docs/architectures.md from the results
+    python scripts/sweep/architecture_sweep.py                       # causal-LM types, default + eager attention
+    python scripts/sweep/architecture_sweep.py --task all            # then masked-LM and seq2seq types
+    python scripts/sweep/architecture_sweep.py --types gpt2,llama    # a few types
+    python scripts/sweep/architecture_sweep.py --render              # docs/architectures.md from the results
 
 Each (type, attention implementation) is audited in its own subprocess with one torch
 thread and a time limit, so one type that hangs or crashes costs only itself. Results
 are JSON lines in docs/architectures.jsonl, one per audit; a rerun skips what is there
 (delete lines, or pass --again, to redo them). The config each type was built with is
-recorded, so scripts/reproduce_finding.py can rebuild the same model with plain
+recorded, so scripts/sweep/reproduce_finding.py can rebuild the same model with plain
 transformers calls.
 """
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
 MEMORY_LIMIT = 8 * 2**30  # bytes of address space for one audit's process

@@ -1,12 +1,12 @@
 """Run the plain-transformers reproduction of every FAIL the architecture sweep recorded.
 
-    python scripts/confirm_findings.py            # every FAIL not confirmed yet (or whose verdict changed since)
-    python scripts/confirm_findings.py --again    # all of them again
-    python scripts/confirm_findings.py --warnings # WARNs too: the behaviour each describes, measured directly
-    python scripts/confirm_findings.py --again --warnings --type roberta --type mra  # some types again
+    python scripts/sweep/confirm_findings.py            # every FAIL not confirmed yet (or whose verdict changed since)
+    python scripts/sweep/confirm_findings.py --again    # all of them again
+    python scripts/sweep/confirm_findings.py --warnings # WARNs too: the behaviour each describes, measured directly
+    python scripts/sweep/confirm_findings.py --again --warnings --type roberta --type mra  # some types again
 
 Each FAIL in docs/architectures.jsonl (suites causal, padding, packing, kv_cache,
-loss_masking, cross_attention) is reproduced by `scripts/reproduce_finding.py TYPE SUITE` in its own
+loss_masking, cross_attention) is reproduced by `scripts/sweep/reproduce_finding.py TYPE SUITE` in its own
 subprocess (no maskcheck code runs there) and the result goes to
 docs/architectures-confirmed.jsonl: the largest difference the direct check measured and
 whether the property failed (the script's exit status 1). `--render` of the sweep then marks every finding confirmed or not:
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
 REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")

@@ -1,6 +1,6 @@
 """Reproduce a finding of the architecture sweep with plain transformers calls (no maskcheck).
 
-    python scripts/reproduce_finding.py TYPE SUITE [--implementation eager] [--task causal-lm]
+    python scripts/sweep/reproduce_finding.py TYPE SUITE [--implementation eager] [--task causal-lm]
 
 It rebuilds the model the sweep audited (the config recorded in docs/architectures.jsonl,
 random weights, seed 0) and runs one direct check of the suite's property on it, printing
@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "architectures.jsonl"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "architectures.jsonl"
 
 
 def build(model_type: str, task: str, implementation: str, results: Path) -> torch.nn.Module:
@@ -54,7 +54,7 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
         None,
     )
     if record is None:
-        raise SystemExit(f"{model_type} ({task}) is not in {results}: run scripts/architecture_sweep.py --types {model_type}")
+        raise SystemExit(f"{model_type} ({task}) is not in {results}: run scripts/sweep/architecture_sweep.py --types {model_type}")
     # The default config with the recorded fields set on it, as the sweep shrank it (some shrunk
     # configs, XLNet's d_head say, would not pass the constructor's validation).
     config = transformers.AutoConfig.for_model(model_type)
@@ -161,7 +161,7 @@ def takes(model: torch.nn.Module, name: str) -> bool:
 #: A comparison across shapes (a padded row against the row alone, a cache against none)
 #: rounds differently on each side, so it is a finding only beyond rounding. In float32 that
 #: is a difference above 1e-4: about 800 units of float32 rounding (2**-23 each) at the size
-#: of a log-probability, where maskcheck's measured worst is 1.5 (harness/tolerance.py).
+#: of a log-probability, where maskcheck's measured worst is 1.5 (harness/engine/tolerance.py).
 #: In float64 rounding shrinks 2**29-fold, but a model may still round some steps in
 #: float32 (normalisations that upcast and cast back): 1e-5 stays 5x above the worst such
 #: rounding at a log-probability of 10.
@@ -535,7 +535,7 @@ CHECKS = {
     "kv_cache": kv_cache,
     "loss_masking": loss_masking,
     "cross_attention": cross_attention,
-    # the behaviours WARNs describe (scripts/confirm_findings.py --warnings)
+    # the behaviours WARNs describe (scripts/sweep/confirm_findings.py --warnings)
     "reach": reach,
     "positions": positions,
     "packing_unisolated": packing_unisolated,

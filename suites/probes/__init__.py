@@ -16,7 +16,7 @@ from .needle import draw_heatmap, run_needle
 Probe = tuple[Callable[..., ProbeResult], Callable[..., Any]]  # (runner, picture)
 
 # Registered in the ``maskcheck.probes`` entry-point group (pyproject.toml); harness loads
-# them through maskcheck.harness.registry, never by importing this package by name.
+# them through maskcheck.harness.engine.registry, never by importing this package by name.
 NEEDLE: Probe = (run_needle, draw_heatmap)
 LOST_IN_THE_MIDDLE: Probe = (run_lost_in_the_middle, draw_curve)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...harness.adapters.base import Adapter
-from ...harness.suite import ProbeError
+from ...harness.engine.suite import ProbeError
 from .haystacks import Sample, SyntheticHaystack, Templates, TextHaystack
 from .scoring import greedy_answer, score
 
@@ -69,7 +69,7 @@ class ProbeResult:
 
     def write(self, directory: str | Path, draw: Callable[[Any, Path], Path]) -> None:
         """``<name>.json`` (summary, grid and every sample's scores) and ``<name>.png``."""
-        from ...harness.report import write_json
+        from ...harness.report.render import write_json
 
         directory = Path(directory)
         stem = self.name
