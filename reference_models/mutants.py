@@ -50,9 +50,17 @@ def _reference(config: ModelConfig, **swaps: type) -> Transformer:
 class SeesNextToken(Stack):
     """Causal mask off by one: ``k <= q + 1`` lets each position read the next token."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
         return build_attention_mask(
-            q_index=q_index + 1, k_index=k_index, causal=True, key_padding=padding, q_segments=segments, k_segments=segments, batch=batch
+            q_index=q_index + 1,
+            k_index=k_index,
+            causal=True,
+            key_padding=padding,
+            q_segments=segments,
+            k_segments=segments,
+            batch=batch,
         )
 
 
@@ -70,8 +78,18 @@ class PlainCausalMask(Stack):
     """Builds a plain causal mask whatever the config says: a sliding window that is
     declared but ignored, or an encoder that was accidentally made causal."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
-        return build_attention_mask(q_index=q_index, k_index=k_index, causal=True, key_padding=padding, q_segments=segments, k_segments=segments, batch=batch)
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
+        return build_attention_mask(
+            q_index=q_index,
+            k_index=k_index,
+            causal=True,
+            key_padding=padding,
+            q_segments=segments,
+            k_segments=segments,
+            batch=batch,
+        )
 
 
 # -- padding ----------------------------------------------------------------------------------
@@ -80,24 +98,41 @@ class PlainCausalMask(Stack):
 class PaddingIgnored(Stack):
     """Builds the causal mask but drops the padding mask."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
-        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, batch=batch)
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
+        return build_attention_mask(
+            q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, batch=batch
+        )
 
 
 class PolarityInverted(Stack):
     """Reads the 1 = keep mask as PyTorch's key_padding_mask (True = ignore)."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
-        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, key_padding=~padding, batch=batch)
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
+        return build_attention_mask(
+            q_index=q_index, k_index=k_index, causal=self.causal, key_padding=~padding, batch=batch
+        )
 
 
 class PaddingOfLastRow(Stack):
     """Every row gets the padding mask of the batch's last row (a ``[1, T]`` mask broadcast
     where ``[B, T]`` was meant): a row's outputs depend on what else is in its batch."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
         last = padding[-1:].expand_as(padding)  # [B, T]: the last row's real slots, for every row
-        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, key_padding=last, batch=batch)
+        return build_attention_mask(
+            q_index=q_index,
+            k_index=k_index,
+            causal=self.causal,
+            window=self.config.sliding_window,
+            key_padding=last,
+            batch=batch,
+        )
 
 
 # -- cross-attention --------------------------------------------------------------------------
@@ -126,7 +161,9 @@ class LossWithoutShift(Transformer):
     """Scores position t against labels[t]: the model is trained to copy its input."""
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+        )
 
 
 class LossOverAllPositions(Transformer):
@@ -134,7 +171,9 @@ class LossOverAllPositions(Transformer):
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         logits, labels = logits[:, :-1], labels[:, 1:]
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        total = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
         return total / labels.numel()
 
 
@@ -152,7 +191,9 @@ class LossCountsIgnored(Transformer):
 class SegmentsIgnored(Stack):
     """The block-diagonal mask is missing: packed sequences attend to each other."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
         return super().build_mask(q_index, k_index, padding, None, batch)
 
 
@@ -160,7 +201,15 @@ class PositionsNotRestarted(Stack):
     """Packed sequences get positions 0..T-1 across the row instead of restarting at 0.
     Invisible under rotary positions (relative within a segment), so the mutant uses learned ones."""
 
-    def forward(self, input_ids: Tensor, padding: Tensor, positions: Tensor, segments: Tensor | None = None, cache: Any = None, cross: Any = None) -> Any:
+    def forward(
+        self,
+        input_ids: Tensor,
+        padding: Tensor,
+        positions: Tensor,
+        segments: Tensor | None = None,
+        cache: Any = None,
+        cross: Any = None,
+    ) -> Any:
         if segments is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return super().forward(input_ids, padding, positions, segments, cache, cross)
@@ -170,7 +219,9 @@ class SegmentBoundaryOffByOne(Stack):
     """Segment ids are read one token late (cu_seqlens off by one): the last token of each
     packed sequence is grouped with the next one and attends to it."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
         if segments is not None:
             segments = torch.cat([segments[:, 1:], segments[:, -1:]], dim=1)  # [B, T]
         return super().build_mask(q_index, k_index, padding, segments, batch)
@@ -182,7 +233,15 @@ class SegmentBoundaryOffByOne(Stack):
 class PositionsRestartWithCache(Stack):
     """Positions are not advanced with the cache: new tokens get 0, 1, ... again (rotary restarts at 0)."""
 
-    def forward(self, input_ids: Tensor, padding: Tensor, positions: Tensor, segments: Tensor | None = None, cache: Any = None, cross: Any = None) -> Any:
+    def forward(
+        self,
+        input_ids: Tensor,
+        padding: Tensor,
+        positions: Tensor,
+        segments: Tensor | None = None,
+        cache: Any = None,
+        cross: Any = None,
+    ) -> Any:
         if cache is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return super().forward(input_ids, padding, positions, segments, cache, cross)
@@ -192,7 +251,15 @@ class CacheAppendedTwice(Transformer):
     """Each forward appends its new keys and values to the cache twice (the layer and its
     caller both update it); the caller's mask is stretched to fit, so nothing raises."""
 
-    def forward(self, input_ids: Any, attention_mask: Any = None, position_ids: Any = None, segment_ids: Any = None, cache: Any = None, **kwargs: Any) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        position_ids: Any = None,
+        segment_ids: Any = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> ModelOutput:
         if cache is not None and attention_mask is not None:
             fresh = attention_mask[:, -input_ids.shape[1] :]
             attention_mask = torch.cat([cache.key_padding.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
@@ -217,7 +284,9 @@ class CacheSkipsCausalMask(Stack):
     """With a cache, the causal mask is built as if one token were decoded (every new query at
     the last index): harmless one token at a time, a chunk of new tokens sees its own future."""
 
-    def build_mask(self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+    def build_mask(
+        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
+    ) -> Tensor:
         if q_index.numel() < k_index.numel():
             q_index = torch.full_like(q_index, int(k_index[-1]))
         return super().build_mask(q_index, k_index, padding, segments, batch)
@@ -251,10 +320,14 @@ def _hf_attention(name: str, transform: Callable[[Any, Any, Any], Any]) -> str:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    def attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any) -> Any:
+    def attention(
+        module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+    ) -> Any:
         kwargs.pop("is_causal", None)
         mask = transform(attention_mask, query.shape[2], key.shape[2])
-        return sdpa_attention_forward(module, query, key, value, mask, is_causal=mask is None and query.shape[2] > 1, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, mask, is_causal=mask is None and query.shape[2] > 1, **kwargs
+        )
 
     AttentionInterface.register(name, attention)
     # Without a registered mask function transformers builds no mask at all for a custom name.
@@ -297,9 +370,20 @@ def _tiny_hf(kind: str, attn_implementation: str) -> Any:
 
     torch.manual_seed(0)
     if kind == "gpt2":
-        config = GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
+        config = GPT2Config(
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2
+        )
     else:
-        config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+        config = LlamaConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+        )
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
 
 
@@ -317,33 +401,65 @@ def _mistral(window_dropped: bool) -> Any:
     class WindowDroppedMistral(MistralForCausalLM):
         @functools.wraps(MistralForCausalLM.forward)
         def forward(self, *args: Any, **kwargs: Any) -> Any:
-            with mock.patch.object(modeling_mistral, "create_sliding_window_causal_mask", modeling_mistral.create_causal_mask):
+            with mock.patch.object(
+                modeling_mistral, "create_sliding_window_causal_mask", modeling_mistral.create_causal_mask
+            ):
                 return super().forward(*args, **kwargs)
 
     torch.manual_seed(0)
     config = MistralConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, sliding_window=512, pad_token_id=0,
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        sliding_window=512,
+        pad_token_id=0,
     )
     cls = WindowDroppedMistral if window_dropped else MistralForCausalLM
     return cls(config).eval()
 
 
+#: what a hand-written config copies from the checkpoint it is written for: widths, epsilon,
+#: rope and special ids (the rest is the other class's defaults: the mismatch)
+_HAND_COPIED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_theta",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
 def _shipped_hf(name: str, as_type: str | None = None) -> Any:
     """A shipped Hugging Face checkpoint; with ``as_type``, its weights under that type's class
     (the layout mismatch a hand-written config makes)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..harness.adapters.hf_variants import under_class
     from .shipped import SHIPPED_HF
 
     model = AutoModelForCausalLM.from_pretrained(str(SHIPPED_HF[name]), use_safetensors=True)
     if as_type is None:
         return model.eval()
-    mismatched = under_class(model, as_type)
-    if mismatched is None:  # pragma: no cover - the shipped checkpoints fit both classes
-        raise RuntimeError(f"{name}'s weights do not fit the {as_type} class")
-    return mismatched
+    declared, defaults = model.config.to_dict(), AutoConfig.for_model(as_type).to_dict()
+    config = AutoConfig.for_model(as_type, **{k: declared[k] for k in _HAND_COPIED if k in declared and k in defaults})
+    mismatched = AutoModelForCausalLM.from_config(config, attn_implementation=model.config._attn_implementation)
+    mismatched.load_state_dict(model.state_dict(), strict=True)  # the shipped checkpoints fit both classes
+    return mismatched.eval()
 
 
 DECODER = ModelConfig()
@@ -352,15 +468,29 @@ ENCODER = ModelConfig(family="encoder", position="learned")
 ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
 SLIDING = ModelConfig(sliding_window=3, n_layers=2)
 
-def _ref(name: str, suite: str, check: str, config: ModelConfig, description: str | None = None, **swaps: type) -> Mutant:
+
+def _ref(
+    name: str, suite: str, check: str, config: ModelConfig, description: str | None = None, **swaps: type
+) -> Mutant:
     """A reference-model mutant; its clean twin is the same config without the swap."""
     doc = description or next(iter(swaps.values())).__doc__ or ""
-    return Mutant(name, suite, check, " ".join(doc.split()), lambda: _reference(config, **swaps), lambda: _reference(config))
+    return Mutant(
+        name, suite, check, " ".join(doc.split()), lambda: _reference(config, **swaps), lambda: _reference(config)
+    )
 
 
-def _hf(name: str, suite: str, check: str, description: str, kind: str, transform: Callable[[Any, int, int], Any]) -> Mutant:
+def _hf(
+    name: str, suite: str, check: str, description: str, kind: str, transform: Callable[[Any, int, int], Any]
+) -> Mutant:
     """A tiny Hugging Face model whose attention mask goes through ``transform``; its clean twin runs sdpa."""
-    return Mutant(name, suite, check, description, lambda: _tiny_hf(kind, _hf_attention(f"maskcheck_{name}", transform)), lambda: _tiny_hf(kind, "sdpa"))
+    return Mutant(
+        name,
+        suite,
+        check,
+        description,
+        lambda: _tiny_hf(kind, _hf_attention(f"maskcheck_{name}", transform)),
+        lambda: _tiny_hf(kind, "sdpa"),
+    )
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -368,7 +498,14 @@ MUTANTS: dict[str, Mutant] = {
     for m in [
         _ref("causal_sees_next_token", "causal", "future_tokens", DECODER, decoder=SeesNextToken),
         _ref("causal_last_layer_bidirectional", "causal", "future_tokens", DECODER, decoder=LastLayerBidirectional),
-        _ref("causal_window_ignored", "causal", "declared_pattern", SLIDING, "a sliding window is declared but the mask is plain causal", decoder=PlainCausalMask),
+        _ref(
+            "causal_window_ignored",
+            "causal",
+            "declared_pattern",
+            SLIDING,
+            "a sliding window is declared but the mask is plain causal",
+            decoder=PlainCausalMask,
+        ),
         Mutant(
             "hf_mistral_window_dropped",
             "causal",
@@ -377,20 +514,55 @@ MUTANTS: dict[str, Mutant] = {
             lambda: _mistral(window_dropped=True),
             lambda: _mistral(window_dropped=False),
         ),
-        _ref("causal_encoder_is_causal", "causal", "declared_pattern", ENCODER, "an encoder built with a causal mask", encoder=PlainCausalMask),
-        _hf("hf_gpt2_sees_next_token", "causal", "future_tokens", "GPT-2 whose attention lets each position read the next token", "gpt2", _leak_next),
-        _hf("hf_llama_causal_leak_when_padded", "causal", "future_tokens", "Llama whose mask builder lets each position read the next token only when a row is padded (no mask is built otherwise)", "llama", _leak_next_when_padded),
+        _ref(
+            "causal_encoder_is_causal",
+            "causal",
+            "declared_pattern",
+            ENCODER,
+            "an encoder built with a causal mask",
+            encoder=PlainCausalMask,
+        ),
+        _hf(
+            "hf_gpt2_sees_next_token",
+            "causal",
+            "future_tokens",
+            "GPT-2 whose attention lets each position read the next token",
+            "gpt2",
+            _leak_next,
+        ),
+        _hf(
+            "hf_llama_causal_leak_when_padded",
+            "causal",
+            "future_tokens",
+            "Llama whose mask builder lets each position read the next token only when a row is padded (no mask is built otherwise)",
+            "llama",
+            _leak_next_when_padded,
+        ),
         _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
         _ref("padding_polarity_inverted", "padding", "pad_ids", ENCODER, encoder=PolarityInverted),
         _ref("padding_mask_of_last_row", "padding", "batch_composition", DECODER, decoder=PaddingOfLastRow),
-        _hf("hf_llama_ignores_padding", "padding", "pad_ids", "Llama whose attention drops the padding mask and applies is_causal only", "llama", _drop_padding),
+        _hf(
+            "hf_llama_ignores_padding",
+            "padding",
+            "pad_ids",
+            "Llama whose attention drops the padding mask and applies is_causal only",
+            "llama",
+            _drop_padding,
+        ),
         _ref("cross_attention_unmasked", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossUnmasked),
         _ref("cross_attention_inverted", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossInverted),
         _ref("loss_without_shift", "loss_masking", "reference_loss", DECODER, model=LossWithoutShift),
         _ref("loss_over_all_positions", "loss_masking", "reference_loss", DECODER, model=LossOverAllPositions),
         _ref("loss_counts_ignored", "loss_masking", "reference_loss", DECODER, model=LossCountsIgnored),
         _ref("packing_segments_ignored", "packing", "segment_isolation", DECODER, decoder=SegmentsIgnored),
-        _ref("packing_encoder_segments_ignored", "packing", "segment_isolation", ENCODER, "an encoder whose block-diagonal mask is missing", encoder=SegmentsIgnored),
+        _ref(
+            "packing_encoder_segments_ignored",
+            "packing",
+            "segment_isolation",
+            ENCODER,
+            "an encoder whose block-diagonal mask is missing",
+            encoder=SegmentsIgnored,
+        ),
         _ref("packing_positions_not_restarted", "packing", "segments_alone", LEARNED, decoder=PositionsNotRestarted),
         _ref("packing_boundary_off_by_one", "packing", "segment_isolation", DECODER, decoder=SegmentBoundaryOffByOne),
         _ref("kv_cache_positions_restart", "kv_cache", "incremental", DECODER, decoder=PositionsRestartWithCache),
@@ -412,8 +584,22 @@ MUTANTS: dict[str, Mutant] = {
             lambda: plain_decoder(buggy=True),
             plain_decoder,
         ),
-        _hf("hf_llama_decode_step_reads_padding", "kv_cache", "greedy_generation", "Llama whose attention builds no mask for a one-token decoding step, so left-padded cache slots are read", "llama", _no_mask_for_one_query),
-        _hf("hf_llama_cached_chunk_top_left", "kv_cache", "incremental", "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left", "llama", _top_left_causal_on_cached_chunks),
+        _hf(
+            "hf_llama_decode_step_reads_padding",
+            "kv_cache",
+            "greedy_generation",
+            "Llama whose attention builds no mask for a one-token decoding step, so left-padded cache slots are read",
+            "llama",
+            _no_mask_for_one_query,
+        ),
+        _hf(
+            "hf_llama_cached_chunk_top_left",
+            "kv_cache",
+            "incremental",
+            "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left",
+            "llama",
+            _top_left_causal_on_cached_chunks,
+        ),
         Mutant(
             "hf_gemma_weights_as_llama",
             "norm_checkpoint",

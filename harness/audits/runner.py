@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
-from .config import KnownFinding
-from .findings import apply_conventions, apply_known_findings
-from ..engine.profiles import check_profile, examples_of
-from ..engine.registry import UnknownSuiteError, load_probe, load_suite, suite_names
-from ..report.reproduction import FailedCheck, write_bundle
 from ..adapters.specs import LoadOptions, adapter_for, load_adapter
+from ..engine.profiles import check_profile, examples_of
+from ..engine.registry import UnknownSuiteError, load_probe, load_suite, maskcheck_version, suite_names
 from ..engine.suite import Check, ProbeError, RunContext, run_check
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..engine.verdict import FAILING, CheckResult, SuiteResult, worst
+from ..report.reproduction import FailedCheck, write_bundle
+from .config import KnownFinding
+from .findings import apply_conventions, apply_known_findings
 
 SCHEMA_VERSION = 1
 
@@ -33,15 +33,6 @@ SCHEMA_VERSION = 1
 #: progress("case", "suite/check done/planned", result so far) after each case, and
 #: progress("done", suite name, result so far) after the suite
 ProgressCallback = Callable[[str, str, "AuditResult"], None]
-
-
-def maskcheck_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("maskcheck")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass
@@ -159,9 +150,13 @@ def audit(
         examples=examples if examples is not None else examples_of(profile),
         profile=profile,
         report_dir=Path(report_dir) if report_dir is not None else None,
-        bundle_dir=Path(bundle_dir) if bundle_dir is not None else (Path(report_dir) if report_dir is not None else None),
+        bundle_dir=Path(bundle_dir)
+        if bundle_dir is not None
+        else (Path(report_dir) if report_dir is not None else None),
     )
-    result = AuditResult(adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded])
+    result = AuditResult(
+        adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded]
+    )
     result.environment["float32_reference_error"] = reference_error
     decided: dict[tuple[str, str], tuple] = {}
     gates = _earlier_gates(adapter)
@@ -171,26 +166,38 @@ def audit(
     elif gate_key in gates:  # this adapter's gate ran in this process (a pytest item per suite)
         context.batch_cases, result.environment["batching"], decided = copy.deepcopy(gates[gate_key])
     elif batch_cases is None and "padding" not in names:
-        result.environment["batching"] = "off: the padding suite, whose batch_composition check must pass before cases share forwards, is not in this run"
+        result.environment["batching"] = (
+            "off: the padding suite, whose batch_composition check must pass before cases share forwards, is not in this run"
+        )
     else:
+
         def on_gate_case(check: str, done: int, planned: int) -> None:
             if progress:
-                progress("case", f"padding/{check} {done}/{planned} (run first: it decides whether cases share forwards)", result)
+                progress(
+                    "case",
+                    f"padding/{check} {done}/{planned} (run first: it decides whether cases share forwards)",
+                    result,
+                )
 
         if progress:
             progress("gate", "padding/batch_composition", result)  # a report on disk before any forward
-        gate_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_gate_case)
+        gate_context = replace(
+            context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_gate_case
+        )
         context.batch_cases, result.environment["batching"], decided = batching_gate(adapter, gate_context)
         gates[gate_key] = copy.deepcopy((context.batch_cases, result.environment["batching"], decided))
     context.decided = decided
     for name, suite in loaded:
         if progress:
             progress("start", name, result)
+
         def on_case(check: str, done: int, planned: int, suite: str = name) -> None:
             if progress:
                 progress("case", f"{suite}/{check} {done}/{planned}", result)
 
-        suite_context = replace(context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_case)
+        suite_context = replace(
+            context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_case
+        )
         suite_result = run_suite(suite, adapter, suite_context)
         apply_known_findings(adapter.spec, [suite_result], known_findings)
         apply_conventions(result.adapter.get("architecture"), [suite_result], disabled_conventions)
@@ -236,10 +243,16 @@ def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dic
     cases one forward each); the padding suite later reports this same result instead of
     running it again."""
     if not adapter.capabilities.takes_attention_mask:
-        return False, "off: the model takes no attention mask, so batch_composition, which must pass before cases share forwards, cannot run; every case has forwards of its own", {}
+        return (
+            False,
+            "off: the model takes no attention mask, so batch_composition, which must pass before cases share forwards, cannot run; every case has forwards of its own",
+            {},
+        )
     from ...suites.padding import PaddingSuite
 
-    check = next(c for c in PaddingSuite().checks(adapter, context) if isinstance(c, Check) and c.name == "batch_composition")
+    check = next(
+        c for c in PaddingSuite().checks(adapter, context) if isinstance(c, Check) and c.name == "batch_composition"
+    )
     try:
         outcome = run_check(check, context)
     except Exception as exc:
@@ -247,8 +260,16 @@ def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dic
     status = outcome[0].status
     decided = {("padding", check.name): outcome}
     if status == "pass":
-        return True, f"on: cases of a check share forwards (padding/batch_composition passed on {outcome[1]} cases)", decided
-    return False, f"off: padding/batch_composition did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own", decided
+        return (
+            True,
+            f"on: cases of a check share forwards (padding/batch_composition passed on {outcome[1]} cases)",
+            decided,
+        )
+    return (
+        False,
+        f"off: padding/batch_composition did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own",
+        decided,
+    )
 
 
 def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
@@ -268,13 +289,19 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         if isinstance(check, CheckResult):
             result.checks.append(check)
         elif context.deadline is not None and time.monotonic() > context.deadline:
-            result.checks.append(CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check"))
+            result.checks.append(
+                CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check")
+            )
         else:
             result.checks.append(_run_one(check, context, result, failures, suite.name))
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
-    if result.status in ("pass", "warn", "fail") and context.report_dir is not None and hasattr(suite, "effective_mask"):
+    if (
+        result.status in ("pass", "warn", "fail")
+        and context.report_dir is not None
+        and hasattr(suite, "effective_mask")
+    ):
         # A passing audit of a third-party checkpoint gets its pictures too: something to look at.
         result.picture = _draw(suite, adapter, context, failed=result.status == "fail")
     result.seconds = time.perf_counter() - started
@@ -305,7 +332,9 @@ def _draw(suite: Any, adapter: Adapter, context: RunContext, failed: bool) -> st
         return None
 
 
-def _run_one(check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck], suite: str = "") -> CheckResult:
+def _run_one(
+    check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck], suite: str = ""
+) -> CheckResult:
     try:
         check_result, cases, failure = context.decided.get((suite, check.name)) or run_check(check, context)
     except Exception as exc:

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import difflib
 from functools import lru_cache
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, Sequence
 
 GROUP = "maskcheck.suites"
 PROBE_GROUP = "maskcheck.probes"
 #: the order suites run and are reported in; suites from other packages follow, by name
 BUILTIN_ORDER = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint")
+
+
+def maskcheck_version() -> str:
+    """The installed maskcheck's version, as reports and bundles record it."""
+    try:
+        return version("maskcheck")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 class UnknownSuiteError(KeyError):

@@ -60,7 +60,9 @@ class RecordingAdapter:
 
     def packing_settings(self) -> list:
         # The settings' adapters run the packed cases: record through them too.
-        return [(setting, RecordingAdapter(adapter, self.tensors)) for setting, adapter in self._adapter.packing_settings()]
+        return [
+            (setting, RecordingAdapter(adapter, self.tensors)) for setting, adapter in self._adapter.packing_settings()
+        ]
 
     def _keep(self, call: str, batch: Batch | None = None, **tensors: Any) -> None:
         index = len({key.split(".")[0] for key in self.tensors})
@@ -184,7 +186,9 @@ def rebuild_case(record: dict[str, Any]) -> Any:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record["fields"].items()}
         return cls(**fields)
     except (KeyError, ValueError, AttributeError, ImportError, TypeError) as exc:
-        raise BundleError(f"cannot rebuild the case {record.get('type', '?') if isinstance(record, dict) else record!r}: {exc}") from None
+        raise BundleError(
+            f"cannot rebuild the case {record.get('type', '?') if isinstance(record, dict) else record!r}: {exc}"
+        ) from None
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -197,7 +201,9 @@ class FailedCheck:
     outcome: Outcome
 
 
-def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]) -> Path:
+def write_bundle(
+    directory: Path, suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]
+) -> Path:
     """Replay each failing case with its inputs recorded, then write the bundle atomically."""
     from safetensors.torch import save_file
 
@@ -212,7 +218,10 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
             {
                 "check": failure.check,
                 "case": case_record(failure.case),
-                "outcome": {k: getattr(failure.outcome, k) for k in ("status", "max_diff", "floor", "threshold", "positions", "message")},
+                "outcome": {
+                    k: getattr(failure.outcome, k)
+                    for k in ("status", "max_diff", "floor", "threshold", "positions", "message")
+                },
                 "inputs": sorted(set(recorder.tensors) - before),
                 "hypothesis_blob": failure.outcome.detail.get("hypothesis_blob"),
             }
@@ -235,7 +244,7 @@ def write_bundle(directory: Path, suite: Any, adapter: Adapter, context: RunCont
         "tolerance": dataclasses.asdict(context.tolerance),
         "checks": records,
     }
-    from ..audits.runner import maskcheck_version
+    from ..engine.registry import maskcheck_version
 
     data["maskcheck_version"] = maskcheck_version()
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -337,9 +346,15 @@ def load_bundle(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("checks"), list) or not isinstance(data.get("suite"), str):
         raise BundleError(f"{file} is not a maskcheck bundle (no suite or checks)")
     if data.get("format") not in READABLE_FORMATS:
-        raise BundleError(f"{file} has bundle format {data.get('format')!r}; this maskcheck reads formats {', '.join(map(str, READABLE_FORMATS))}")
+        raise BundleError(
+            f"{file} has bundle format {data.get('format')!r}; this maskcheck reads formats {', '.join(map(str, READABLE_FORMATS))}"
+        )
     for record in data["checks"]:
-        if not isinstance(record, dict) or not isinstance(record.get("check"), str) or not isinstance(record.get("case"), dict):
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("check"), str)
+            or not isinstance(record.get("case"), dict)
+        ):
             raise BundleError(f"{file}: a check entry lacks its name or case")
     if data["format"] == 1:
         for record in data["checks"]:
@@ -404,7 +419,10 @@ def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) ->
 
 
 def _changed_weights_note(spec: str, recorded: dict[str, Any], adapter: Adapter) -> str | None:
-    for key, now in (("weights_sha256", lambda: weights_hash(spec)), ("parameters_sha256", lambda: parameters_hash(adapter))):
+    for key, now in (
+        ("weights_sha256", lambda: weights_hash(spec)),
+        ("parameters_sha256", lambda: parameters_hash(adapter)),
+    ):
         before = recorded.get(key)
         if before:
             current = now()
@@ -421,14 +439,23 @@ def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) 
     suite = load_suite(data["suite"])
     case = rebuild_case(record["case"])
     tolerance = Tolerance(**data["tolerance"])
-    context = RunContext(tolerance=tolerance, dtype=adapter.capabilities.dtype, seed=int(data.get("seed", 0)), profile=data.get("profile", "dev"))
+    context = RunContext(
+        tolerance=tolerance,
+        dtype=adapter.capabilities.dtype,
+        seed=int(data.get("seed", 0)),
+        profile=data.get("profile", "dev"),
+    )
     recorded_message = record.get("outcome", {}).get("message", "")
     reason = suite.not_applicable(adapter.capabilities)
     if reason:
-        return ReplayResult(data["suite"], record["check"], "not_applicable", reason, recorded_message, adapter.spec, note)
+        return ReplayResult(
+            data["suite"], record["check"], "not_applicable", reason, recorded_message, adapter.spec, note
+        )
     checks = {c.name: c for c in suite.checks(adapter, context) if hasattr(c, "evaluate")}
     if record["check"] not in checks:
         raise BundleError(f"suite {data['suite']} has no check {record['check']!r} for {adapter.spec}")
     outcome = checks[record["check"]].outcome(case)
     message = outcome.message or f"max |d log p| = {outcome.max_diff:.3g} <= threshold {outcome.threshold:.3g}"
-    return ReplayResult(data["suite"], record["check"], outcome.status, message, recorded_message, adapter.spec, note, outcome)
+    return ReplayResult(
+        data["suite"], record["check"], outcome.status, message, recorded_message, adapter.spec, note, outcome
+    )
