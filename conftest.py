@@ -17,5 +17,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch.set_num_threads(1)
 
+
 # Bundles that earlier maskcheck versions wrote, kept as data: tests replay them from a copy.
 collect_ignore = ["tests/data"]

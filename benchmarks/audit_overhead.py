@@ -101,7 +101,9 @@ def synchronize(device: torch.device) -> None:
 GATE = "(gate)"
 
 
-def run_audit(model: Any, profile: str, follower: Any = None, batch_cases: bool = True) -> tuple[float, dict[str, float], Any]:
+def run_audit(
+    model: Any, profile: str, follower: Any = None, batch_cases: bool = True
+) -> tuple[float, dict[str, float], Any]:
     """The audit's wall time, each suite's share of it, and the result; ``follower`` (a
     Recorder, or any object with a ``suite`` attribute) is told which suite is running."""
     per_suite: dict[str, float] = {}
@@ -207,12 +209,24 @@ def peer_run(python: str, threads: int) -> tuple[float, float, str]:
         started = time.perf_counter()
         done = subprocess.run(
             [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--torch-model=peer_models:gpt2_small"],
-            cwd=folder, env=env, capture_output=True, text=True,
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         wall = time.perf_counter() - started
-    summary = next((line.strip("= ") for line in reversed(done.stdout.splitlines()) if " in " in line and ("passed" in line or "failed" in line)), "")
+    summary = next(
+        (
+            line.strip("= ")
+            for line in reversed(done.stdout.splitlines())
+            if " in " in line and ("passed" in line or "failed" in line)
+        ),
+        "",
+    )
     if not summary or " error" in summary:  # a run whose tests could not run measures nothing
-        raise SystemExit(f"the peer's run did not run its tests (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"the peer's run did not run its tests (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     reported = float(summary.rsplit(" in ", 1)[1].split("s")[0])
     return wall, reported, summary
 
@@ -232,7 +246,11 @@ def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str
         "forwards": None,
         "verdicts": {s.name: s.status for s in result.suites},
         "batching": result.environment.get("batching"),
-        "peer": {"wall": statistics.median(p[0] for p in peers), "reported": statistics.median(p[1] for p in peers), "summary": peers[-1][2]},
+        "peer": {
+            "wall": statistics.median(p[0] for p in peers),
+            "reported": statistics.median(p[1] for p in peers),
+            "summary": peers[-1][2],
+        },
     }
 
 
@@ -260,7 +278,9 @@ def measure(
         if unbatched:
             seconds, _, unbatched_result = run_audit(model, profile, batch_cases=False)
             alone.append(seconds)
-            assert [s.status for s in unbatched_result.suites] == [s.status for s in recorded.suites], "one case per forward gave other verdicts"
+            assert [s.status for s in unbatched_result.suites] == [s.status for s in recorded.suites], (
+                "one case per forward gave other verdicts"
+            )
         seconds, suite_seconds, result = run_audit(model, profile)
         audits.append((seconds, suite_seconds))
         bares.append(replay(recorder.calls))
@@ -294,7 +314,9 @@ def measure(
         "ratio": audit_time / bare_time,
         "batching": recorded.environment.get("batching"),
         "unbatched": statistics.median(alone) if alone else None,
-        "peer": None if not peers else {
+        "peer": None
+        if not peers
+        else {
             "wall": statistics.median(p[0] for p in peers),
             "reported": statistics.median(p[1] for p in peers),
             "summary": peers[-1][2],
@@ -309,14 +331,44 @@ def main() -> int:
     parser.add_argument("--model", default="both", choices=[*MODELS, "both"])
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
-    parser.add_argument("--breakdown", action="store_true", help="also split each suite's time into forwards, harness and Hypothesis (one more audit)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also split each suite's time into forwards, harness and Hypothesis (one more audit)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default: 1, as a pytest-xdist worker; 2 = this machine's cores)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the model's compute dtype (default: float32)")
-    parser.add_argument("--peer", metavar="PYTHON", help="the python of a venv with pytest-torch (benchmarks/setup_peer.sh makes one): time its zero-code run on gpt2-small, alternating with the audit")
-    parser.add_argument("--unbatched", action="store_true", help="also time the audit with one case per forward (batch_cases=False), alternating")
-    parser.add_argument("--forward-cost", action="store_true", help="only time bare forwards of gpt2-small at the audit's shapes and fit fixed + per-token cost")
-    parser.add_argument("--peer-only", action="store_true", help="with --peer: only the audit and the peer's run, alternating (no recording, replay or unbatched audit)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the model's compute dtype (default: float32)",
+    )
+    parser.add_argument(
+        "--peer",
+        metavar="PYTHON",
+        help="the python of a venv with pytest-torch (benchmarks/setup_peer.sh makes one): time its zero-code run on gpt2-small, alternating with the audit",
+    )
+    parser.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="also time the audit with one case per forward (batch_cases=False), alternating",
+    )
+    parser.add_argument(
+        "--forward-cost",
+        action="store_true",
+        help="only time bare forwards of gpt2-small at the audit's shapes and fit fixed + per-token cost",
+    )
+    parser.add_argument(
+        "--peer-only",
+        action="store_true",
+        help="with --peer: only the audit and the peer's run, alternating (no recording, replay or unbatched audit)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.peer_only:
@@ -324,9 +376,15 @@ def main() -> int:
             parser.error("--peer-only needs --peer PYTHON")
         r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
         p = r["peer"]
-        print(f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, alternating")
-        print(f"  maskcheck audit: {r['audit']:.2f}s ({', '.join(f'{k}={v}' for k, v in r['verdicts'].items())}); batching {r['batching']}")
-        print(f"  pytest-torch zero-code run: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}")
+        print(
+            f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, alternating"
+        )
+        print(
+            f"  maskcheck audit: {r['audit']:.2f}s ({', '.join(f'{k}={v}' for k, v in r['verdicts'].items())}); batching {r['batching']}"
+        )
+        print(
+            f"  pytest-torch zero-code run: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
+        )
         print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
         return 0
     if args.forward_cost:
@@ -335,27 +393,55 @@ def main() -> int:
         print(f"gpt2-small forward cost, {args.device} {args.dtype}, {args.threads} thread(s):")
         for rows, length, seconds in timings:
             print(f"  {rows:>3} x {length:<3} ({rows * length:>4} tokens): {1000 * seconds:8.1f} ms")
-        print(f"  fit: {1000 * fixed:.1f} ms a forward + {1000 * per_token:.2f} ms a token: a forward costs as much as {fixed / per_token:.0f} tokens")
+        print(
+            f"  fit: {1000 * fixed:.1f} ms a forward + {1000 * per_token:.2f} ms a token: a forward costs as much as {fixed / per_token:.0f} tokens"
+        )
         return 0
     names = list(MODELS) if args.model == "both" else [args.model]
     ok = True
     for name in names:
         peer = args.peer if name == "gpt2-small" else None
-        r = measure(name, args.profile, args.repeats, args.breakdown, args.device, args.dtype, peer, args.threads, args.unbatched)
-        where = f"{args.device} {args.dtype}" if (args.device, args.dtype) != ("cpu", "float32") else f"{args.threads} thread(s)"
-        print(f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}")
-        print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
+        r = measure(
+            name,
+            args.profile,
+            args.repeats,
+            args.breakdown,
+            args.device,
+            args.dtype,
+            peer,
+            args.threads,
+            args.unbatched,
+        )
+        where = (
+            f"{args.device} {args.dtype}"
+            if (args.device, args.dtype) != ("cpu", "float32")
+            else f"{args.threads} thread(s)"
+        )
+        print(
+            f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}"
+        )
+        print(
+            f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}"
+        )
         for suite, row in r["per_suite"].items():
             per_case = f"{row['forwards'] / row['cases']:.2f}" if row["cases"] else "-"
-            print(f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}")
-        print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
+            print(
+                f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}"
+            )
+        print(
+            f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s"
+        )
         print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
         print(f"  batching {r['batching']}")
         if r["unbatched"]:
-            print(f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time")
+            print(
+                f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time"
+            )
         if r["peer"]:
             p = r["peer"]
-            print(f"  pytest-torch zero-code run on the same model: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}")
+            print(
+                f"  pytest-torch zero-code run on the same model: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
+            )
             print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
         if r["breakdown"]:
             print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'the rest':>9}")

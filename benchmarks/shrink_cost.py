@@ -59,9 +59,13 @@ def main() -> int:
         unshrunk = statistics.median(s for s, _ in runs[False])
         costs.append(shrunk - unshrunk)
         cases = f"{runs[True][0][1]} vs {runs[False][0][1]}"
-        print(f"  {name:<38} {mutant.suite:<16} {shrunk:>9.2f} {unshrunk:>11.2f} {shrunk - unshrunk:>12.2f} {cases:>12}")
+        print(
+            f"  {name:<38} {mutant.suite:<16} {shrunk:>9.2f} {unshrunk:>11.2f} {shrunk - unshrunk:>12.2f} {cases:>12}"
+        )
     budget = RunContext.__dataclass_fields__["shrink_seconds"].default
-    print(f"  shrinking: median {statistics.median(costs):.2f} s, most {max(costs):.2f} s a seeded bug (budget {budget:g} s a check)")
+    print(
+        f"  shrinking: median {statistics.median(costs):.2f} s, most {max(costs):.2f} s a seeded bug (budget {budget:g} s a check)"
+    )
     return 0
 
 

@@ -9,4 +9,3 @@ if not __name__.startswith("maskcheck."):  # pragma: no cover - a second copy of
     # Loaded by its bare name (the repository root on sys.path): a second module object
     # beside maskcheck.harness, and the name a user's own package may have.
     raise ImportError(f"import {__name__} as maskcheck.{__name__} (pip install -e . from the repository root)")
-

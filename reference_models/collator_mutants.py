@@ -32,7 +32,9 @@ def _padded(features: list[dict[str, Any]], pad_is_eos: bool = False) -> tuple[A
     return tokenizer, dict(tokenizer.pad([{"input_ids": f["input_ids"]} for f in features], return_tensors="pt"))
 
 
-def _with_tokenizer(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], pad_is_eos: bool = False) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+def _with_tokenizer(
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]], pad_is_eos: bool = False
+) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     collate.tokenizer = tiny_tokenizer(pad_is_eos=pad_is_eos)  # type: ignore[attr-defined]  # the ids maskcheck draws from
     return collate
 
@@ -99,7 +101,11 @@ def positions_not_restarted() -> Any:
     def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         ids, starts = _flattened(features)
         labels = [IGNORE_INDEX if t in starts else token for t, token in enumerate(ids)]
-        return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]), "position_ids": torch.arange(len(ids))[None]}
+        return {
+            "input_ids": torch.tensor([ids]),
+            "labels": torch.tensor([labels]),
+            "position_ids": torch.arange(len(ids))[None],
+        }
 
     return _with_tokenizer(collate)
 
@@ -110,7 +116,11 @@ def boundary_label_kept() -> Any:
     def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         ids, starts = _flattened(features)
         positions = [t - max(s for s in starts if s <= t) for t in range(len(ids))]
-        return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids]), "position_ids": torch.tensor([positions])}
+        return {
+            "input_ids": torch.tensor([ids]),
+            "labels": torch.tensor([ids]),
+            "position_ids": torch.tensor([positions]),
+        }
 
     return _with_tokenizer(collate)
 
@@ -131,7 +141,9 @@ def decoder_inputs_not_shifted() -> Any:
 
     def collate(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = dict(inner(features))
-        batch["decoder_input_ids"] = batch["labels"].masked_fill(batch["labels"] == IGNORE_INDEX, inner.tokenizer.pad_token_id)
+        batch["decoder_input_ids"] = batch["labels"].masked_fill(
+            batch["labels"] == IGNORE_INDEX, inner.tokenizer.pad_token_id
+        )
         return batch
 
     collate.tokenizer = inner.tokenizer  # type: ignore[attr-defined]
@@ -141,13 +153,38 @@ def decoder_inputs_not_shifted() -> Any:
 COLLATOR_MUTANTS: dict[str, CollatorMutant] = {
     m.name: m
     for m in [
-        CollatorMutant("masks_every_eos", "causal-lm", "target_labels", "pad id = EOS id, labels masked by the pad id: every real EOS loses its label"),
-        CollatorMutant("pads_labels_with_pad_id", "causal-lm", "padding_labels", "labels copied from input_ids, padding included"),
-        CollatorMutant("mask_marks_padding_real", "causal-lm", "attention_mask", "an attention mask of ones over padded rows"),
-        CollatorMutant("labels_preshifted", "causal-lm", "target_labels", "labels shifted left by the collator and again by the model"),
-        CollatorMutant("positions_not_restarted", "packed", "positions_restart", "packed position ids that run on across examples"),
-        CollatorMutant("boundary_label_kept", "packed", "boundary_labels", "packed labels that keep each example's first token"),
-        CollatorMutant("seq2seq_labels_padded_with_pad_id", "seq2seq", "label_padding", "seq2seq labels padded with the pad id"),
-        CollatorMutant("decoder_inputs_not_shifted", "seq2seq", "decoder_inputs", "decoder_input_ids equal to the labels, not shifted right"),
+        CollatorMutant(
+            "masks_every_eos",
+            "causal-lm",
+            "target_labels",
+            "pad id = EOS id, labels masked by the pad id: every real EOS loses its label",
+        ),
+        CollatorMutant(
+            "pads_labels_with_pad_id", "causal-lm", "padding_labels", "labels copied from input_ids, padding included"
+        ),
+        CollatorMutant(
+            "mask_marks_padding_real", "causal-lm", "attention_mask", "an attention mask of ones over padded rows"
+        ),
+        CollatorMutant(
+            "labels_preshifted",
+            "causal-lm",
+            "target_labels",
+            "labels shifted left by the collator and again by the model",
+        ),
+        CollatorMutant(
+            "positions_not_restarted", "packed", "positions_restart", "packed position ids that run on across examples"
+        ),
+        CollatorMutant(
+            "boundary_label_kept", "packed", "boundary_labels", "packed labels that keep each example's first token"
+        ),
+        CollatorMutant(
+            "seq2seq_labels_padded_with_pad_id", "seq2seq", "label_padding", "seq2seq labels padded with the pad id"
+        ),
+        CollatorMutant(
+            "decoder_inputs_not_shifted",
+            "seq2seq",
+            "decoder_inputs",
+            "decoder_input_ids equal to the labels, not shifted right",
+        ),
     ]
 }

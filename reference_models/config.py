@@ -78,12 +78,26 @@ class ModelConfig:
         need(self.position in POSITION_SCHEMES, f"position must be one of {POSITION_SCHEMES}, got {self.position!r}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "num_labels"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        need(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        need(
+            self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+        )
         need(1 <= self.kv_heads <= self.n_heads, f"n_kv_heads must be in [1, n_heads], got {self.n_kv_heads}")
-        need(self.n_heads % self.kv_heads == 0, f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
-        need(self.position != "rotary" or self.head_dim % 2 == 0, f"rotary positions need an even head_dim, got {self.head_dim}")
-        need(self.sliding_window is None or self.sliding_window >= 1, f"sliding_window must be >= 1, got {self.sliding_window}")
-        need(self.sliding_window is None or self.family != "encoder", "sliding_window is only supported for causal self-attention")
+        need(
+            self.n_heads % self.kv_heads == 0,
+            f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})",
+        )
+        need(
+            self.position != "rotary" or self.head_dim % 2 == 0,
+            f"rotary positions need an even head_dim, got {self.head_dim}",
+        )
+        need(
+            self.sliding_window is None or self.sliding_window >= 1,
+            f"sliding_window must be >= 1, got {self.sliding_window}",
+        )
+        need(
+            self.sliding_window is None or self.family != "encoder",
+            "sliding_window is only supported for causal self-attention",
+        )
         need(self.attention_sinks >= 0, f"attention_sinks must be >= 0, got {self.attention_sinks}")
         need(not self.attention_sinks or self.sliding_window is not None, "attention_sinks needs a sliding_window")
         need(not self.norm_unit_offset or self.norm == "rmsnorm", "norm_unit_offset applies to rmsnorm only")
@@ -132,7 +146,9 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-encoder": ModelConfig(family="encoder", position="learned"),
     "tiny-encoder-postnorm": ModelConfig(family="encoder", norm_layout="post", position="sinusoidal"),
     "tiny-encoder-decoder": ModelConfig(family="encoder_decoder", position="sinusoidal"),
-    "tiny-encoder-decoder-rotary": ModelConfig(family="encoder_decoder", norm="rmsnorm", norm_layout="post", n_kv_heads=2),
+    "tiny-encoder-decoder-rotary": ModelConfig(
+        family="encoder_decoder", norm="rmsnorm", norm_layout="post", n_kv_heads=2
+    ),
 }
 
 

@@ -43,7 +43,14 @@ def _gpt2() -> Any:
 def _bert() -> Any:
     from transformers import BertConfig
 
-    return BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, **COMMON)
+    return BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        **COMMON,
+    )
 
 
 def _t5() -> Any:
@@ -109,11 +116,51 @@ def tiny_model(name: str, attn_implementation: str | None = None, seed: int = 0)
 
 #: config attribute -> the small value it gets (only attributes a config already has are set)
 SHRUNK_SIZES: dict[str, int] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers", "num_decoder_layers"), 2),
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "word_embed_proj_dim", "attention_hidden_size", "emb_dim", "dim", "embedding_size"), 64),
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "hidden_dim", "dim_ff", "ffn_hidden_size"), 128),
+    **dict.fromkeys(
+        (
+            "num_hidden_layers",
+            "n_layer",
+            "n_layers",
+            "num_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_decoder_layers",
+        ),
+        2,
+    ),
+    **dict.fromkeys(
+        (
+            "hidden_size",
+            "n_embd",
+            "d_model",
+            "embed_dim",
+            "word_embed_proj_dim",
+            "attention_hidden_size",
+            "emb_dim",
+            "dim",
+            "embedding_size",
+        ),
+        64,
+    ),
+    **dict.fromkeys(
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_ff",
+            "n_inner",
+            "hidden_dim",
+            "dim_ff",
+            "ffn_hidden_size",
+        ),
+        128,
+    ),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
-    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads"),
+        4,
+    ),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), 2),
     **dict.fromkeys(("head_dim", "kv_channels", "d_kv", "attention_head_dim"), 16),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
@@ -125,7 +172,13 @@ SHRUNK_SIZES: dict[str, int] = {
 }
 #: what the "counts" shrink keeps small: how many layers, experts and tokens, not how wide
 COUNT_KEYS = frozenset(
-    k for k in SHRUNK_SIZES if k.startswith("vocab_size") or "layers" in k or k.endswith("_layer") or "experts" in k or k in ("moe_topk", "moe_k", "top_k")
+    k
+    for k in SHRUNK_SIZES
+    if k.startswith("vocab_size")
+    or "layers" in k
+    or k.endswith("_layer")
+    or "experts" in k
+    or k in ("moe_topk", "moe_k", "top_k")
 )
 SHRINK_LEVELS = ("full", "counts")
 #: the suites the architecture sweep audits: norm_checkpoint's evidence is about trained
@@ -135,8 +188,15 @@ SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short ro
 #: Kimi-Linear and Bailing-hybrid: multi-head latent attention without a query compression
 #: (q_lora_rank None, kept) beside linear-attention layers whose heads are set outright.
 LATENT_AND_LINEAR_WIDTHS: dict[str, Any] = {
-    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16,
-    "num_key_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "qk_head_dim": 16,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "kv_lora_rank": 16,
+    "num_key_value_heads": 4,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
 }
 #: per-type overrides where the generic shrink does not give a buildable config
 SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -150,12 +210,35 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     # their state-space widths (heads x head width = expand x hidden) are set outright, not
     # derived from the hidden size, so both are shrunk here: one recurrent layer, then one
     # attention layer, 8 state-space heads of 16.
-    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
-    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
-    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    "bamba": {
+        "attn_layer_indices": [1],
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+    },
+    "granitemoehybrid": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+    },
+    "falcon_h1": {
+        "mamba_d_ssm": 128,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+    },
     "nemotron_h": {
         "layers_block_type": ["linear_attention", "full_attention"],
-        "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1, "chunk_size": 16, "head_dim": 16,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "n_groups": 1,
+        "chunk_size": 16,
+        "head_dim": 16,
     },
     "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "state_size": 16, "chunk_size": 16},
     # Widths derived at construction (attention over hidden and embeddings: 2 x hidden; heads of
@@ -163,14 +246,29 @@ SWEEP_OVERRIDES: dict[str, dict[str, Any]] = {
     # 4th), derived again here. Zamba ties its shared attention block across hybrid layers, so
     # it needs two of them: three layers.
     "zamba": {
-        "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
-        "attention_hidden_size": 128, "attention_head_dim": 32, "mamba_dt_rank": 4,
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_dt_rank": 4,
     },
     "zamba2": {
-        "layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "attention_hidden_size": 128,
-        "attention_head_dim": 32, "mamba_headdim": 16, "num_query_groups": 4, "adapter_rank": 8, "mamba_d_state": 16, "chunk_size": 16,
+        "layers_block_type": ["linear_attention", "hybrid"],
+        "hybrid_layer_ids": [1],
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_headdim": 16,
+        "num_query_groups": 4,
+        "adapter_rank": 8,
+        "mamba_d_state": 16,
+        "chunk_size": 16,
     },
-    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64, "head_dim": 16, "attention_window_size": 6},
+    "recurrent_gemma": {
+        "block_types": ["recurrent", "attention"],
+        "lru_width": 64,
+        "head_dim": 16,
+        "attention_window_size": 6,
+    },
     # Defaults a checkpoint always sets, left None (or unset) by the default config, so that no
     # default builds: Dots1's experts, LFM2-MoE's layer pattern (conv then attention, one dense
     # layer), ESM's vocabulary and special ids, X-MOD's language adapter.
@@ -204,8 +302,16 @@ TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {("reformer", "causal-lm
 #: ``qk_head_dim`` and ``head_dim`` from them at construction: all are shrunk together,
 #: keys a type does not have left out. Expert routing in one group of the shrunk experts.
 MLA_WIDTHS: dict[str, Any] = {
-    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 8, "v_head_dim": 16,
-    "kv_lora_rank": 16, "q_lora_rank": 32, "n_group": 1, "topk_group": 1, "num_key_value_heads": 4,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "qk_head_dim": 16,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "n_group": 1,
+    "topk_group": 1,
+    "num_key_value_heads": 4,
 }
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "sarvam_mla", "axk1", "longcat_flash")
 
@@ -281,7 +387,9 @@ def _shrink(config: Any, keys: dict[str, int]) -> None:
             setattr(config, key, {"pad_token_id": 0, "bos_token_id": 1}.get(key, 2))
 
 
-def shrunk_model(model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0, level: str = "full") -> Any:
+def shrunk_model(
+    model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0, level: str = "full"
+) -> Any:
     """A random-init model of ``model_type`` for ``task``, from :func:`shrunk_config`, in eval mode."""
     import transformers
 
@@ -306,4 +414,11 @@ def tiny_tokenizer(pad_is_eos: bool = False, padding_side: str = "right") -> Any
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     pad = "</s>" if pad_is_eos else "<pad>"
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token=pad, unk_token="<unk>", padding_side=padding_side)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token=pad,
+        unk_token="<unk>",
+        padding_side=padding_side,
+    )

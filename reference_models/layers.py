@@ -111,7 +111,9 @@ class Attention(nn.Module):
     ) -> Tensor:
         batch, length, _ = x.shape
         if mask.dtype != torch.bool or mask.dim() != 3:
-            raise TypeError(f"attention mask must be bool [B, Tq, Tk] with True = attend, got {mask.dtype} {list(mask.shape)}")
+            raise TypeError(
+                f"attention mask must be bool [B, Tq, Tk] with True = attend, got {mask.dtype} {list(mask.shape)}"
+            )
         q = self.q_proj(x).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, Tq, Dh]
         if rotary is not None:
             q = apply_rotary(q, *rotary)

@@ -52,7 +52,9 @@ def parameter_count(config: ModelConfig) -> int:
     return count
 
 
-def estimate_memory(config: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype = torch.float32) -> MemoryEstimate:
+def estimate_memory(
+    config: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype = torch.float32
+) -> MemoryEstimate:
     """Sizes of the tensors a forward pass of ``batch x seq_len`` tokens holds.
 
     attention scores: ``B x H x T x T`` per layer; FFN activations: ``B x T x d_ff`` per

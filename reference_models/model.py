@@ -144,7 +144,9 @@ class Stack(nn.Module):
             x = x + self.shift_proj(self.previous_tokens(tokens, padding, segments, cache))
         return x, tokens[:, -1:]
 
-    def previous_tokens(self, tokens: Tensor, padding: Tensor, segments: Tensor | None, cache: KVCache | None) -> Tensor:
+    def previous_tokens(
+        self, tokens: Tensor, padding: Tensor, segments: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
         """Each position's previous token embedding, zero where that token is padding,
         another packed segment, or before the start of the sequence."""
         if cache is None:
@@ -246,7 +248,9 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Validate and default the padding mask ``[B, T_past + T]`` and position ids ``[B, T]``."""
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int):
-            raise TypeError(f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
+            raise TypeError(
+                f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}"
+            )
         batch, length = input_ids.shape
         past_length = 0 if cache is None else cache.length
         if attention_mask is None:
@@ -304,8 +308,12 @@ class Transformer(nn.Module):
             return ModelOutput(self.lm_head(hidden), new_cache)
         if decoder_input_ids is None:
             raise ValueError("an encoder-decoder needs decoder_input_ids")
-        cross_cache = cache if cache is not None else self._cross_cache(input_ids, attention_mask, position_ids, segment_ids)
-        padding, decoder_position_ids = self._inputs(decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache)
+        cross_cache = (
+            cache if cache is not None else self._cross_cache(input_ids, attention_mask, position_ids, segment_ids)
+        )
+        padding, decoder_position_ids = self._inputs(
+            decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache
+        )
         assert cross_cache.cross_keys is not None and cross_cache.cross_values is not None
         assert cross_cache.source_padding is not None
         cross_mask = self.cross_mask(cross_cache.source_padding, decoder_input_ids.shape[1])  # [B, T, S]
@@ -332,7 +340,11 @@ class Transformer(nn.Module):
         return source_padding[:, None, :].expand(-1, length, -1)
 
     def _cross_cache(
-        self, input_ids: Tensor | None, attention_mask: Tensor | None, position_ids: Tensor | None, segment_ids: Tensor | None
+        self,
+        input_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        position_ids: Tensor | None,
+        segment_ids: Tensor | None,
     ) -> KVCache:
         """Encode the source and project it to every decoder layer's cross-attention keys/values."""
         if input_ids is None:
@@ -373,4 +385,6 @@ class Transformer(nn.Module):
         """
         if self.config.family == "decoder":
             logits, labels = logits[:, :-1], labels[:, 1:]
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+        )

@@ -46,7 +46,9 @@ class PlainLayer(nn.Module):
         self.out = nn.Linear(width, width)
         self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
 
-    def forward(self, x: Tensor, allowed: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, allowed: Tensor, past: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)  # each [B, T, C]
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
@@ -58,7 +60,9 @@ class PlainLayer(nn.Module):
 
 
 class PlainDecoder(nn.Module):
-    def __init__(self, vocab_size: int = 64, width: int = 32, heads: int = 2, layers: int = 2, max_length: int = 64) -> None:
+    def __init__(
+        self, vocab_size: int = 64, width: int = 32, heads: int = 2, layers: int = 2, max_length: int = 64
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, width)
         self.position = nn.Embedding(max_length, width)
@@ -93,7 +97,9 @@ class PlainDecoder(nn.Module):
         """The keys the appended tokens may read (a hook for the seeded bug)."""
         return allowed_keys(attention_mask, queries)
 
-    def _run(self, ids: Tensor, positions: Tensor, allowed: Tensor, cache: PlainCache | None, next_position: Tensor) -> tuple[Tensor, PlainCache]:
+    def _run(
+        self, ids: Tensor, positions: Tensor, allowed: Tensor, cache: PlainCache | None, next_position: Tensor
+    ) -> tuple[Tensor, PlainCache]:
         x = self.embed(ids) + self.position(positions)  # [B, T, C]
         keys, values = [], []
         for index, layer in enumerate(self.layers):

@@ -91,7 +91,9 @@ def prompt(
     return row
 
 
-def retrieval_batch(generator: torch.Generator, config: object, batch_size: int = 32, length: int = 64) -> tuple[Tensor, Tensor]:
+def retrieval_batch(
+    generator: torch.Generator, config: object, batch_size: int = 32, length: int = 64
+) -> tuple[Tensor, Tensor]:
     """Training batches: 1..6 pairs at random slots, one asked; only the answer is labelled.
 
     The row length is drawn per batch between 16 and ``length`` so the model retrieves at

@@ -40,7 +40,9 @@ class TrainingRun:
     schedule: str = "constant"  # or "cosine": linear warm-up over 5% of the steps, then cosine decay to 0
 
 
-def copy_spans(generator: torch.Generator, config: ModelConfig, batch_size: int = 32, length: int = 32) -> tuple[Tensor, Tensor]:
+def copy_spans(
+    generator: torch.Generator, config: ModelConfig, batch_size: int = 32, length: int = 32
+) -> tuple[Tensor, Tensor]:
     """Random ids (never the pad id) where a span of 4..length/2 tokens recurs later in the row."""
     low = 1 if config.pad_token_id == 0 else 0
     ids = torch.randint(low, config.vocab_size, (batch_size, length), generator=generator)

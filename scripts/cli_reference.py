@@ -1,7 +1,7 @@
 """Write the `--help` of every maskcheck command into docs/cli.md (between its markers).
 
-    python scripts/cli_reference.py           # rewrite the section
-    python scripts/cli_reference.py --check   # exit 1 if docs/cli.md is out of date (the tests run this)
+python scripts/cli_reference.py           # rewrite the section
+python scripts/cli_reference.py --check   # exit 1 if docs/cli.md is out of date (the tests run this)
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ from maskcheck.reference_models.hf_tiny import tiny_model
 def write_checkpoints(directory: Path) -> tuple[Path, Path]:
     hf_dir = directory / "tiny-gpt2"
     tiny_model("gpt2").save_pretrained(hf_dir, safe_serialization=True)
-    reference = save_checkpoint(Transformer(preset("tiny-encoder-decoder")), directory / "tiny-encoder-decoder.safetensors")
+    reference = save_checkpoint(
+        Transformer(preset("tiny-encoder-decoder")), directory / "tiny-encoder-decoder.safetensors"
+    )
     return hf_dir, reference
 
 
@@ -40,8 +42,10 @@ def demo() -> int:
     ]
     seeded = run(["audit", "mutant:causal_sees_next_token", "--suites", "causal", "-q"])
     ok = all(code == 0 for code in clean) and seeded == 1
-    print(f"\ndemo: clean models {'passed' if all(c == 0 for c in clean) else 'FAILED'}; "
-          f"the seeded bug was {'caught' if seeded == 1 else 'MISSED'}")
+    print(
+        f"\ndemo: clean models {'passed' if all(c == 0 for c in clean) else 'FAILED'}; "
+        f"the seeded bug was {'caught' if seeded == 1 else 'MISSED'}"
+    )
     return 0 if ok else 1
 
 

@@ -33,7 +33,9 @@ def main() -> int:
         check = next((c for c in result.suite(mutant.suite).checks if c.name == mutant.check), None)
         hit = check is not None and check.status == "fail"
         caught += hit
-        print(f"  {'caught' if hit else 'MISSED':<7} {name:<34} {mutant.suite}/{mutant.check}  case={check.case if check else None}")
+        print(
+            f"  {'caught' if hit else 'MISSED':<7} {name:<34} {mutant.suite}/{mutant.check}  case={check.case if check else None}"
+        )
     print(f"\nClean models (suites: {', '.join(suites)}):")
     false_positives = 0
     clean = [(f"ref:{p}", f"ref:{p}") for p in PRESETS] + [
@@ -42,13 +44,17 @@ def main() -> int:
     for label, target in clean:
         model = target if isinstance(target, str) else HFAdapter(tiny_model(*target))
         result = audit(model, suites)
-        bad = [f"{s.name}/{c.name}" for s in result.suites for c in s.checks if c.status in ("fail", "error", "not_run")]
+        bad = [
+            f"{s.name}/{c.name}" for s in result.suites for c in s.checks if c.status in ("fail", "error", "not_run")
+        ]
         false_positives += bool(bad)
         statuses = " ".join(f"{s.name}={s.status}" for s in result.suites)
         print(f"  {'FALSE POSITIVE' if bad else 'clean':<14} {label:<36} {statuses}")
     score = caught / len(MUTANTS)
-    print(f"\nmutation score: {caught}/{len(MUTANTS)} = {score:.0%}; false positives: {false_positives}/{len(clean)} clean models "
-          f"({time.perf_counter() - started:.0f}s)")
+    print(
+        f"\nmutation score: {caught}/{len(MUTANTS)} = {score:.0%}; false positives: {false_positives}/{len(clean)} clean models "
+        f"({time.perf_counter() - started:.0f}s)"
+    )
     return 0 if caught == len(MUTANTS) and false_positives == 0 else 1
 
 

@@ -26,8 +26,8 @@ warnings.filterwarnings("ignore")
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from maskcheck.harness.engine.registry import load_suite
 from maskcheck.harness.adapters.specs import adapter_for
+from maskcheck.harness.engine.registry import load_suite
 from maskcheck.harness.engine.suite import Check, RunContext
 from maskcheck.harness.engine.tolerance import Tolerance, measure_reference_error
 from maskcheck.reference_models import PRESETS, Transformer
@@ -62,7 +62,14 @@ def models(dtype: torch.dtype, device: str):  # type: ignore[no-untyped-def]
 def measure(check: Check, examples: int) -> float:
     worst = 0.0
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate],
+    )
     @given(check.strategy)
     def run(case):  # type: ignore[no-untyped-def]
         nonlocal worst

@@ -53,7 +53,9 @@ def repeated_batch(generator: torch.Generator, batch: int, longest_half: int, vo
     return torch.cat([first, first], dim=1), half
 
 
-def train(model: torch.nn.Module, steps: int, seed: int, lr: float, batch: int, longest_half: int, log_every: int = 250) -> float:
+def train(
+    model: torch.nn.Module, steps: int, seed: int, lr: float, batch: int, longest_half: int, log_every: int = 250
+) -> float:
     generator = torch.Generator().manual_seed(seed)
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     vocab = model.config.vocab_size
@@ -71,7 +73,9 @@ def train(model: torch.nn.Module, steps: int, seed: int, lr: float, batch: int, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         if step % log_every == 0 or step == steps:
-            print(f"step {step:>5}  loss on the second copy {loss.item():.3f} (chance {math.log(vocab):.3f})", flush=True)
+            print(
+                f"step {step:>5}  loss on the second copy {loss.item():.3f} (chance {math.log(vocab):.3f})", flush=True
+            )
     model.eval()
     return loss.item()
 
@@ -85,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--longest-half", type=int, default=24, help="the longest sequence before it repeats")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a config field (JSON value), on top of the shared widths")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a config field (JSON value), on top of the shared widths",
+    )
     args = parser.parse_args(argv)
     import transformers
 
@@ -98,8 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     final = train(model, args.steps, args.seed, args.lr, args.batch, args.longest_half)
     model.config._attn_implementation = None  # a loader chooses its own attention implementation
     model.save_pretrained(args.out)
-    record = {"script": "scripts/train_hf_checkpoint.py", **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}}
-    record.update(final_loss=round(final, 4), seconds=round(time.perf_counter() - started, 1), torch=torch.__version__, transformers=transformers.__version__)
+    record = {
+        "script": "scripts/train_hf_checkpoint.py",
+        **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+    }
+    record.update(
+        final_loss=round(final, 4),
+        seconds=round(time.perf_counter() - started, 1),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+    )
     (args.out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"{args.out}: trained in {record['seconds']} s, final loss {final:.3f}")
     return 0

@@ -39,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--length", type=int, default=32, help="training sequence length (kv_retrieval: the longest)")
     parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"])
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a ModelConfig field (default config: token_shift=true, d_model=64)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a ModelConfig field (default config: token_shift=true, d_model=64)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     changes = dict(item.split("=", 1) for item in args.set)

@@ -61,7 +61,12 @@ _SIDES = st.sampled_from(["right", "left"])
 
 
 @st.composite
-def _future_case(draw: st.DrawFn, lengths: st.SearchStrategy[int], source_lengths: st.SearchStrategy[int], paddings: st.SearchStrategy[int]) -> FutureCase:
+def _future_case(
+    draw: st.DrawFn,
+    lengths: st.SearchStrategy[int],
+    source_lengths: st.SearchStrategy[int],
+    paddings: st.SearchStrategy[int],
+) -> FutureCase:
     length = draw(lengths)
     cut = draw(_ZERO_TO[length - 2])
     return FutureCase(
@@ -98,7 +103,9 @@ def pattern_length(capabilities: Capabilities) -> int:
 
 
 def source_batch(adapter: Adapter, batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = random_ids(seed + 7, (batch, length), adapter.capabilities.vocab_size, pad_token(adapter), adapter.capabilities.device)
+    ids = random_ids(
+        seed + 7, (batch, length), adapter.capabilities.vocab_size, pad_token(adapter), adapter.capabilities.device
+    )
     return ids, torch.ones_like(ids)
 
 
@@ -114,11 +121,19 @@ class CausalSuite(Suite):
         checks: list = []
         if caps.family != "encoder":
             length = model_length(caps, MAX_LENGTH)
-            cases = future_cases(length - (3 if caps.takes_attention_mask and length > 5 else 0), caps.family == "encoder_decoder", caps.takes_attention_mask)
+            cases = future_cases(
+                length - (3 if caps.takes_attention_mask and length > 5 else 0),
+                caps.family == "encoder_decoder",
+                caps.takes_attention_mask,
+            )
             checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), cases))
         length = pattern_length(caps)
         strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
-        checks.append(Check("declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2))
+        checks.append(
+            Check(
+                "declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2
+            )
+        )
         windows = adapter.declared_layer_windows()
         if windows:
             # Through two layers, influence at the edge of the reach is too small to measure, and
@@ -127,7 +142,9 @@ class CausalSuite(Suite):
             widest = max(w for w in windows if w is not None)
             layer_length = model_length(caps, widest + LAYER_MARGIN)
             layers = case_strategy(PatternCase, length=st.just(layer_length), seed=st.integers(0, 2**16))
-            checks.append(Check("layer_windows", lambda case: layer_windows(adapter, windows, case), layers, max_examples=1))
+            checks.append(
+                Check("layer_windows", lambda case: layer_windows(adapter, windows, case), layers, max_examples=1)
+            )
         return checks
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 10) -> tuple:
@@ -198,7 +215,9 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
     ids = random_ids(case.seed, (1, case.length), caps.vocab_size, pad_token(adapter), caps.device)
     measured = adapter.layer_attention_masks(ids)
     if len(measured) != len(declared):
-        return Outcome("fail", message=f"measured {len(measured)} attention layers, but the config declares {len(declared)}")
+        return Outcome(
+            "fail", message=f"measured {len(measured)} attention layers, but the config declares {len(declared)}"
+        )
     distance = torch.arange(case.length)[:, None] - torch.arange(case.length)[None, :]  # [T, T]: q - k
     wrong, off_by = [], 0  # off_by: the most positions a layer's reach is off its declared reach
     for layer, (mask, window) in enumerate(zip(measured, declared)):
@@ -208,14 +227,24 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
         kind = f"sliding window W={window}" if window is not None else "full attention"
         leaks = mask & ~expected
         if leaks.any():
-            wrong.append(f"layer {layer} ({kind}) reads keys up to {reach} positions back, e.g. [query, key] {leaks.nonzero()[:3].tolist()}")
+            wrong.append(
+                f"layer {layer} ({kind}) reads keys up to {reach} positions back, e.g. [query, key] {leaks.nonzero()[:3].tolist()}"
+            )
         elif (expected & ~mask).any():
-            wrong.append(f"layer {layer} ({kind}) reads only {reach} positions back, {declared_reach} declared (length {case.length})")
+            wrong.append(
+                f"layer {layer} ({kind}) reads only {reach} positions back, {declared_reach} declared (length {case.length})"
+            )
         else:
             continue
         off_by = max(off_by, abs(reach - declared_reach), 1)
     if wrong:
-        return Outcome("fail", float(off_by), 0.0, 0.0, message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}")
+        return Outcome(
+            "fail",
+            float(off_by),
+            0.0,
+            0.0,
+            message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}",
+        )
     return Outcome("pass")
 
 
@@ -223,7 +252,11 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
     measured = influence.measured
     leaks = measured & ~expected
     detail = {"influence": influence.diff.tolist(), "expected": expected.tolist(), "threshold": influence.threshold}
-    described = pattern if pattern != "sliding_window" else f"sliding window W={caps.window} over L={caps.n_layers} layers (reach {(caps.n_layers or 1) * ((caps.window or 1) - 1)})"
+    described = (
+        pattern
+        if pattern != "sliding_window"
+        else f"sliding window W={caps.window} over L={caps.n_layers} layers (reach {(caps.n_layers or 1) * ((caps.window or 1) - 1)})"
+    )
     if leaks.any():
         cells = leaks.nonzero().tolist()
         worst = float(influence.diff[leaks].max())
@@ -232,7 +265,9 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
             f"{' ...' if len(cells) > 8 else ''}; max |d log p| = {worst:.3g} > threshold {influence.threshold:.3g} "
             f"(noise floor {influence.floor:.3g})"
         )
-        return Outcome("fail", worst, influence.floor, influence.threshold, cells, message, detail, positions_label="output, input")
+        return Outcome(
+            "fail", worst, influence.floor, influence.threshold, cells, message, detail, positions_label="output, input"
+        )
     missing = expected & ~measured & influence.outputs[:, None]
     strictly_future = torch.triu(torch.ones_like(expected), diagonal=1)
     if pattern == "bidirectional" and missing[strictly_future].all():
@@ -256,4 +291,12 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
             )
             message = f"declared full causal attention, but influence above the threshold reaches back only {reach} positions; {kind}"
             return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
-    return Outcome("pass", float(influence.diff[~expected].max()) if (~expected).any() else 0.0, influence.floor, influence.threshold, [], "", detail)
+    return Outcome(
+        "pass",
+        float(influence.diff[~expected].max()) if (~expected).any() else 0.0,
+        influence.floor,
+        influence.threshold,
+        [],
+        "",
+        detail,
+    )

@@ -84,7 +84,9 @@ def collator_cases(task: str) -> st.SearchStrategy[CollatorCase]:
     return case_strategy(CollatorCase, examples=examples, seed=st.integers(0, 2**16))
 
 
-def token_ids(shape_length: int, eos_at_end: bool, eos_inside: bool, vocabulary: Vocabulary, generator: torch.Generator) -> list[int]:
+def token_ids(
+    shape_length: int, eos_at_end: bool, eos_inside: bool, vocabulary: Vocabulary, generator: torch.Generator
+) -> list[int]:
     picks = torch.randint(0, len(vocabulary.ordinary), (shape_length,), generator=generator).tolist()
     ids = [vocabulary.ordinary[i] for i in picks]
     if vocabulary.eos is not None:
@@ -100,7 +102,11 @@ def build_examples(case: CollatorCase, task: str, vocabulary: Vocabulary) -> lis
     generator = torch.Generator().manual_seed(case.seed)
     examples = []
     for shape in case.examples:
-        example = {"input_ids": token_ids(shape.length, False, shape.eos_inside, vocabulary, generator) if task == "seq2seq" else token_ids(shape.length, shape.eos_at_end, shape.eos_inside, vocabulary, generator)}
+        example = {
+            "input_ids": token_ids(shape.length, False, shape.eos_inside, vocabulary, generator)
+            if task == "seq2seq"
+            else token_ids(shape.length, shape.eos_at_end, shape.eos_inside, vocabulary, generator)
+        }
         if task == "seq2seq":
             example["labels"] = token_ids(shape.target_length, shape.eos_at_end, False, vocabulary, generator)
         examples.append(example)
@@ -148,7 +154,9 @@ def rows_hold_examples(batch: dict[str, Any], key: str, examples: list[list[int]
     for i, (row, example) in enumerate(zip(rows, examples)):
         start = locate(row, example)
         if start is None:
-            return [], failure([[i, 0]], f"row {i} of {key} ({row}) does not hold example {i} ({example}) left- or right-aligned")
+            return [], failure(
+                [[i, 0]], f"row {i} of {key} ({row}) does not hold example {i} ({example}) left- or right-aligned"
+            )
         starts.append(start)
     return starts, None
 
@@ -163,13 +171,27 @@ def attention_mask_check(batch: dict[str, Any], examples: list[list[int]], key: 
     masks = as_rows(batch, "attention_mask")
     if masks is None:
         return PASS  # no mask is no wrong mask: the padding checks of the model suites cover models that need one
-    wrong = [[i, t] for i, (mask, start, ex) in enumerate(zip(masks, starts, examples)) for t, m in enumerate(mask) if m != int(start <= t < start + len(ex))]
+    wrong = [
+        [i, t]
+        for i, (mask, start, ex) in enumerate(zip(masks, starts, examples))
+        for t, m in enumerate(mask)
+        if m != int(start <= t < start + len(ex))
+    ]
     if not wrong:
         return PASS
-    return failure(wrong, f"attention_mask is wrong at {len(wrong)} slot(s): it must be 1 exactly at each example's tokens and 0 at padding")
+    return failure(
+        wrong,
+        f"attention_mask is wrong at {len(wrong)} slot(s): it must be 1 exactly at each example's tokens and 0 at padding",
+    )
 
 
-def padding_labels_check(batch: dict[str, Any], examples: list[list[int]], vocabulary: Vocabulary, ids_key: str = "input_ids", labels_key: str = "labels") -> Outcome:
+def padding_labels_check(
+    batch: dict[str, Any],
+    examples: list[list[int]],
+    vocabulary: Vocabulary,
+    ids_key: str = "input_ids",
+    labels_key: str = "labels",
+) -> Outcome:
     starts, problem = rows_hold_examples(batch, ids_key, examples)
     if problem:
         return problem
@@ -190,7 +212,10 @@ def padding_labels_check(batch: dict[str, Any], examples: list[list[int]], vocab
         if kept_pad
         else ""
     )
-    return failure(wrong, f"labels are not {IGNORE_INDEX} at {len(wrong)} padding slot(s), so the loss trains the model to predict padding{advice}")
+    return failure(
+        wrong,
+        f"labels are not {IGNORE_INDEX} at {len(wrong)} padding slot(s), so the loss trains the model to predict padding{advice}",
+    )
 
 
 def target_labels_check(batch: dict[str, Any], examples: list[list[int]], vocabulary: Vocabulary) -> Outcome:
@@ -256,13 +281,19 @@ def positions_restart_check(batch: dict[str, Any], examples: list[list[int]]) ->
     flat, starts = packed_layout(examples)
     positions = packed_row(batch, "position_ids")
     if positions is None:
-        return failure([], "the packed batch has no position_ids (one row): without them a packed row is one long sequence to the model")
+        return failure(
+            [],
+            "the packed batch has no position_ids (one row): without them a packed row is one long sequence to the model",
+        )
     first = positions[0] if positions else 0
     expected = [first + t - start for start, end in zip(starts, starts[1:] + [len(flat)]) for t in range(start, end)]
     wrong = [[0, t] for t, (p, e) in enumerate(zip(positions, expected)) if p != e]
     if not wrong:
         return PASS
-    return failure(wrong, f"position ids do not restart at every example's first token at {len(wrong)} slot(s): expected {expected}, got {positions[: len(flat)]}")
+    return failure(
+        wrong,
+        f"position ids do not restart at every example's first token at {len(wrong)} slot(s): expected {expected}, got {positions[: len(flat)]}",
+    )
 
 
 def boundary_labels_check(batch: dict[str, Any], examples: list[list[int]]) -> Outcome:
@@ -272,7 +303,10 @@ def boundary_labels_check(batch: dict[str, Any], examples: list[list[int]]) -> O
         return failure([], "the packed batch has no labels (one row)")
     boundary = [[0, t] for t in starts[1:] if t < len(labels) and labels[t] != IGNORE_INDEX]
     if boundary:
-        return failure(boundary, f"the first token of {len(boundary)} packed example(s) has a label, so it is trained to be predicted from the previous example's last token: set labels at every example's first token to {IGNORE_INDEX}")
+        return failure(
+            boundary,
+            f"the first token of {len(boundary)} packed example(s) has a label, so it is trained to be predicted from the previous example's last token: set labels at every example's first token to {IGNORE_INDEX}",
+        )
     wrong = [[0, t] for t in range(len(flat)) if t not in starts and t < len(labels) and labels[t] != flat[t]]
     if wrong:
         return failure(wrong, f"labels differ from the input ids at {len(wrong)} token(s) inside packed examples")
@@ -296,7 +330,10 @@ def decoder_inputs_check(batch: dict[str, Any], targets: list[list[int]], vocabu
         wrong += [[i, 0]] if inputs[0] == IGNORE_INDEX else []
     if not wrong:
         return PASS
-    return failure(wrong, f"decoder_input_ids are not the labels shifted right behind a start token at {len(wrong)} slot(s) ({IGNORE_INDEX} becomes the pad id)")
+    return failure(
+        wrong,
+        f"decoder_input_ids are not the labels shifted right behind a start token at {len(wrong)} slot(s) ({IGNORE_INDEX} becomes the pad id)",
+    )
 
 
 # -- the checks of a task ----------------------------------------------------------------------------
@@ -328,8 +365,12 @@ CHECKS: dict[str, dict[str, CheckFunction]] = {
     },
     "seq2seq": {
         "attention_mask": lambda batch, features, vocabulary: attention_mask_check(batch, _ids(features)),
-        "label_padding": lambda batch, features, vocabulary: seq2seq_labels_check(batch, _ids(features, "labels"), vocabulary),
-        "decoder_inputs": lambda batch, features, vocabulary: decoder_inputs_check(batch, _ids(features, "labels"), vocabulary),
+        "label_padding": lambda batch, features, vocabulary: seq2seq_labels_check(
+            batch, _ids(features, "labels"), vocabulary
+        ),
+        "decoder_inputs": lambda batch, features, vocabulary: decoder_inputs_check(
+            batch, _ids(features, "labels"), vocabulary
+        ),
     },
 }
 
@@ -368,8 +409,17 @@ def seq2seq_labels_check(batch: dict[str, Any], targets: list[list[int]], vocabu
                 padded.append([i, t])
                 kept_pad += label == vocabulary.pad
     if padded:
-        advice = f"; {kept_pad} hold the pad id {vocabulary.pad}: pad labels with {IGNORE_INDEX} (DataCollatorForSeq2Seq(label_pad_token_id={IGNORE_INDEX}))" if kept_pad else ""
-        return failure(padded, f"labels are not {IGNORE_INDEX} at {len(padded)} padding slot(s), so the loss trains the model to predict padding{advice}")
+        advice = (
+            f"; {kept_pad} hold the pad id {vocabulary.pad}: pad labels with {IGNORE_INDEX} (DataCollatorForSeq2Seq(label_pad_token_id={IGNORE_INDEX}))"
+            if kept_pad
+            else ""
+        )
+        return failure(
+            padded,
+            f"labels are not {IGNORE_INDEX} at {len(padded)} padding slot(s), so the loss trains the model to predict padding{advice}",
+        )
     if real:
-        return failure(real, f"labels differ from the target at {len(real)} real token(s) (a real EOS must stay a target)")
+        return failure(
+            real, f"labels differ from the target at {len(real)} real token(s) (a real EOS must stay a target)"
+        )
     return PASS

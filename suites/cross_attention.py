@@ -89,27 +89,45 @@ class CrossAttentionSuite(Suite):
         target = random_ids(case.seed + 5, (len(sources), case.target_length), caps.vocab_size, pad, caps.device)
         return sources, target
 
-    def _batch(self, adapter: Adapter, sources: list[torch.Tensor], length: int, side: str, target: torch.Tensor) -> Batch:
+    def _batch(
+        self, adapter: Adapter, sources: list[torch.Tensor], length: int, side: str, target: torch.Tensor
+    ) -> Batch:
         ids, mask = pad_rows(sources, length, side, pad_token(adapter))
         device = adapter.capabilities.device
-        return Batch(ids.to(device), mask.to(device), decoder_input_ids=target, decoder_attention_mask=torch.ones_like(target))
+        return Batch(
+            ids.to(device), mask.to(device), decoder_input_ids=target, decoder_attention_mask=torch.ones_like(target)
+        )
 
     def source_pad_ids(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Evaluation:
         sources, target = self._parts(adapter, case)
         base = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
         perturbed_source = perturb(base.input_ids, base.attention_mask == 0, adapter.capabilities.vocab_size, case.seed)
-        perturbed = Batch(perturbed_source, base.attention_mask, decoder_input_ids=target, decoder_attention_mask=base.decoder_attention_mask)
+        perturbed = Batch(
+            perturbed_source,
+            base.attention_mask,
+            decoder_input_ids=target,
+            decoder_attention_mask=base.decoder_attention_mask,
+        )
         what = f"changing the ids at {case.side}-padded source slots changed decoder logits"
-        return (yield from same_shape_outcome(adapter, context, base, perturbed, torch.ones_like(target, dtype=torch.bool), what))
+        return (
+            yield from same_shape_outcome(
+                adapter, context, base, perturbed, torch.ones_like(target, dtype=torch.bool), what
+            )
+        )
 
     def source_padding_amount(self, adapter: Adapter, context: RunContext, case: SourceCase) -> Evaluation:
         sources, target = self._parts(adapter, case)
         padded = self._batch(adapter, sources, max(case.source_lengths) + case.extra, case.side, target)
-        alone = yield [Logits(adapter, self._batch(adapter, [source], source.numel(), case.side, target[i : i + 1])) for i, source in enumerate(sources)]  # [1, T, V] each
+        alone = yield [
+            Logits(adapter, self._batch(adapter, [source], source.numel(), case.side, target[i : i + 1]))
+            for i, source in enumerate(sources)
+        ]  # [1, T, V] each
 
         def judge(logits: torch.Tensor, floor: float) -> Outcome:
             pairs = [(alone[i][0], logits[i], i) for i in range(len(sources))]
-            outcome = aligned_outcome(context, pairs, floor, f"decoder logits differ between a {case.side}-padded and an unpadded source")
+            outcome = aligned_outcome(
+                context, pairs, floor, f"decoder logits differ between a {case.side}-padded and an unpadded source"
+            )
             return left_padding_caveat(outcome, adapter.capabilities, case.side)
 
         return (yield from with_floor(adapter, padded, torch.ones_like(target, dtype=torch.bool), judge))

@@ -131,7 +131,10 @@ class CacheBatches(RowBatches):
     2 to 4 tokens plus the case's padding, so the cross-attention cache must keep its mask."""
 
     def sources(self, count: int, first_row: int, padding: int) -> tuple[Tensor, Tensor]:
-        sources = [random_ids(7919 + first_row + i, (2 + (first_row + i) % 3,), self.caps.vocab_size, self.pad) for i in range(count)]
+        sources = [
+            random_ids(7919 + first_row + i, (2 + (first_row + i) % 3,), self.caps.vocab_size, self.pad)
+            for i in range(count)
+        ]
         return pad_rows(sources, max(s.numel() for s in sources) + padding, "right", self.pad)
 
     def left_padded(self, rows: list[Tensor], length: int, source_padding: int, first_row: int = 0) -> Batch:
@@ -141,7 +144,12 @@ class CacheBatches(RowBatches):
         """The first ``length`` columns of the predicted side (the source is kept whole)."""
         if self.caps.family == "encoder_decoder":
             assert batch.decoder_input_ids is not None and batch.decoder_attention_mask is not None
-            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=batch.decoder_input_ids[:, :length], decoder_attention_mask=batch.decoder_attention_mask[:, :length])
+            return Batch(
+                batch.input_ids,
+                batch.attention_mask,
+                decoder_input_ids=batch.decoder_input_ids[:, :length],
+                decoder_attention_mask=batch.decoder_attention_mask[:, :length],
+            )
         assert batch.attention_mask is not None
         positions = None if batch.position_ids is None else batch.position_ids[:, :length]
         return Batch(batch.input_ids[:, :length], batch.attention_mask[:, :length], positions)
@@ -170,7 +178,9 @@ class KVCacheSuite(Suite):
             return [
                 CheckResult("incremental", "not_applicable", reason),
                 CheckResult("greedy_generation", "not_applicable", reason),
-                Check("generate_use_cache", lambda c: self.generate_use_cache(batches, context, c), generation_cases(caps)),
+                Check(
+                    "generate_use_cache", lambda c: self.generate_use_cache(batches, context, c), generation_cases(caps)
+                ),
             ]
         return [
             Check("incremental", lambda c: self.incremental(batches, context, c), cache_cases(caps)),
@@ -182,7 +192,9 @@ class KVCacheSuite(Suite):
         total = prompt + sum(case.chunks)
         rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
         continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
-        full = b.left_padded([torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding)
+        full = b.left_padded(
+            [torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding
+        )
         mask = full.predicted_mask
         assert mask is not None
         where = mask.bool()
@@ -205,9 +217,17 @@ class KVCacheSuite(Suite):
             outcome = shape_change_outcome(context, logits, cached, where, floor, what)
             if outcome.status == "fail" and outcome.positions:
                 first = min(t for _, t in outcome.positions)
-                where_first = "the prefill" if first < prompt else next(f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n)
+                where_first = (
+                    "the prefill"
+                    if first < prompt
+                    else next(
+                        f"the step of {n} token(s) starting at position {s}" for s, n in spans if s <= first < s + n
+                    )
+                )
                 outcome.message += f"; first wrong position {first}, in {where_first}"
-                if first < prompt:  # no cache is read yet: the prompt alone is scored otherwise than inside the full sequence
+                if (
+                    first < prompt
+                ):  # no cache is read yet: the prompt alone is scored otherwise than inside the full sequence
                     outcome.message += (
                         " (no cache is read before the first step: the prompt's logits differ from the full forward's at the same positions, "
                         "so the model reads later tokens (see the causal suite) or scores a prompt otherwise than the start of a longer sequence)"
@@ -225,13 +245,24 @@ class KVCacheSuite(Suite):
         def decoded(copies: int) -> Evaluation:
             """Decode ``copies`` copies of the batch (2: the copy gives the floor) and judge the first."""
             try:
-                tokens, logits = yield Greedy(b.adapter, concat([batch] * copies), case.new_tokens)  # [cB, n], [cB, n, V]
+                tokens, logits = yield Greedy(
+                    b.adapter, concat([batch] * copies), case.new_tokens
+                )  # [cB, n], [cB, n, V]
             except LogitsShapeError as error:
                 return (yield from misshapen_cache(b.adapter, batch, error))
-            floor = repeat_floor(logits, size, torch.ones(size, case.new_tokens, dtype=torch.bool)) if copies == 2 else 0.0
-            fed = [torch.cat([row, tokens[i, :-1].to(row.device)]) for i, row in enumerate(rows)]  # [P + n - 1]: the prompt and what the batch generated before the last step
-            alone = yield [Logits(b.adapter, b.left_padded([f], f.numel(), case.source_padding, first_row=i)) for i, f in enumerate(fed)]  # [1, P + n - 1, V] each
-            pairs = [(alone[i][0, row.numel() - 1 :], logits[i], i) for i, row in enumerate(rows)]  # ([n, V], [n, V], row)
+            floor = (
+                repeat_floor(logits, size, torch.ones(size, case.new_tokens, dtype=torch.bool)) if copies == 2 else 0.0
+            )
+            fed = [
+                torch.cat([row, tokens[i, :-1].to(row.device)]) for i, row in enumerate(rows)
+            ]  # [P + n - 1]: the prompt and what the batch generated before the last step
+            alone = yield [
+                Logits(b.adapter, b.left_padded([f], f.numel(), case.source_padding, first_row=i))
+                for i, f in enumerate(fed)
+            ]  # [1, P + n - 1, V] each
+            pairs = [
+                (alone[i][0, row.numel() - 1 :], logits[i], i) for i, row in enumerate(rows)
+            ]  # ([n, V], [n, V], row)
             outcome = aligned_outcome(context, pairs, floor, what)
             if outcome.status == "fail":
                 diverged = []
@@ -240,7 +271,9 @@ class KVCacheSuite(Suite):
                     if steps.numel():
                         diverged.append(f"row {i} at step {int(steps[0])}")
                 if diverged:
-                    outcome.message += f"; the batch generated other tokens than each row's own argmax: {', '.join(diverged)}"
+                    outcome.message += (
+                        f"; the batch generated other tokens than each row's own argmax: {', '.join(diverged)}"
+                    )
             return left_padding_caveat(outcome, b.caps, "left")
 
         # Every threshold grows with the floor: the copy is decoded only for a case that does not pass without it.

@@ -126,7 +126,9 @@ class LossMaskingSuite(Suite):
             return Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask), labels
         return Batch(ids, mask, positions_for(adapter, mask)), labels
 
-    def _judge(self, context: RunContext, measured: float, expected: float, floor: float, what: str, shape_change: bool) -> Outcome:
+    def _judge(
+        self, context: RunContext, measured: float, expected: float, floor: float, what: str, shape_change: bool
+    ) -> Outcome:
         scale = max(1.0, abs(expected))
         rule = context.tolerance.shape_change if shape_change else context.tolerance.same_shape
         threshold = rule(floor, context.dtype, scale)
@@ -136,42 +138,60 @@ class LossMaskingSuite(Suite):
             return Outcome("fail", diff, floor, threshold, [], message)
         return Outcome("pass", diff, floor, threshold)
 
-    def reference_loss(self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]) -> Evaluation:
+    def reference_loss(
+        self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
+    ) -> Evaluation:
         batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         shift = adapter.capabilities.family == "decoder"
         logits = yield Logits(adapter, batch)
         measured = loss_of(case)
         expected = reference_cross_entropy(logits, labels, shift)
-        outcome = self._judge(context, measured, expected, 0.0, "the model's loss differs from cross-entropy over valid targets", True)
+        outcome = self._judge(
+            context, measured, expected, 0.0, "the model's loss differs from cross-entropy over valid targets", True
+        )
         if outcome.status == "fail":
             outcome.message += "; " + self._diagnose(logits, labels, shift, measured, outcome.threshold)
         return outcome
 
     def _diagnose(self, logits: Tensor, labels: Tensor, shift: bool, measured: float, threshold: float) -> str:
         candidates = {
-            "targets not shifted" if shift else "targets shifted by one": reference_cross_entropy(logits, labels, not shift),
+            "targets not shifted" if shift else "targets shifted by one": reference_cross_entropy(
+                logits, labels, not shift
+            ),
             "normalised by all positions, not valid targets": reference_cross_entropy(logits, labels, shift, "all"),
-            "ignored (-100) targets counted as padding targets": reference_cross_entropy(logits, labels.masked_fill(labels == IGNORE, 0), shift),
+            "ignored (-100) targets counted as padding targets": reference_cross_entropy(
+                logits, labels.masked_fill(labels == IGNORE, 0), shift
+            ),
         }
         for name, value in candidates.items():
             if abs(value - measured) <= max(threshold, 1e-6 * abs(value)):
                 return f"it matches a loss with {name} ({value:.6g})"
         return "it matches none of: " + ", ".join(candidates)
 
-    def padded_inputs(self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]) -> Outcome:
+    def padded_inputs(
+        self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
+    ) -> Outcome:
         batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         mask = batch.predicted_mask
         changed = perturb(batch.predicted_ids, mask == 0, adapter.capabilities.vocab_size, case.seed)
         if adapter.capabilities.family == "encoder_decoder":
-            perturbed = Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=changed, decoder_attention_mask=mask)
+            perturbed = Batch(
+                batch.input_ids, batch.attention_mask, decoder_input_ids=changed, decoder_attention_mask=mask
+            )
         else:
             perturbed = Batch(changed, mask, batch.position_ids)
         first = loss_of(case)
         measured = float(adapter.loss(perturbed, labels))
         what = f"changing the ids at {case.side}-padded slots changed the loss"
-        return with_repeat(lambda: float(adapter.loss(batch, labels)), first, lambda floor: self._judge(context, measured, first, floor, what, False))
+        return with_repeat(
+            lambda: float(adapter.loss(batch, labels)),
+            first,
+            lambda floor: self._judge(context, measured, first, floor, what, False),
+        )
 
-    def extra_padding(self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]) -> Outcome:
+    def extra_padding(
+        self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
+    ) -> Outcome:
         narrow, narrow_labels = self._batch(adapter, case, max(case.lengths))
         wide, wide_labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         first = loss_of(case)  # the loss of the wide batch
@@ -179,7 +199,9 @@ class LossMaskingSuite(Suite):
         what = f"adding {case.extra} {case.side} padding column(s) changed the loss"
 
         def judge(floor: float) -> Outcome:
-            return left_padding_caveat(self._judge(context, first, expected, floor, what, True), adapter.capabilities, case.side)
+            return left_padding_caveat(
+                self._judge(context, first, expected, floor, what, True), adapter.capabilities, case.side
+            )
 
         return with_repeat(lambda: float(adapter.loss(wide, wide_labels)), first, judge)
 

@@ -78,12 +78,22 @@ class NormCheckpointSuite(Suite):
             return checks
         record = adapter.checkpoint
         if record is None:
-            checks.append(CheckResult("metadata", "not_applicable", "the model was not loaded from a checkpoint that records its layout"))
-            checks.append(CheckResult("fingerprint", "not_applicable", "the model was not loaded from a checkpoint with a fingerprint"))
+            checks.append(
+                CheckResult(
+                    "metadata", "not_applicable", "the model was not loaded from a checkpoint that records its layout"
+                )
+            )
+            checks.append(
+                CheckResult(
+                    "fingerprint", "not_applicable", "the model was not loaded from a checkpoint with a fingerprint"
+                )
+            )
         else:
             checks.append(Check("metadata", lambda c: self.metadata(adapter), once, max_examples=1))
             if record.probe is None:
-                checks.append(CheckResult("fingerprint", "not_applicable", f"{record.path} was saved without a fingerprint"))
+                checks.append(
+                    CheckResult("fingerprint", "not_applicable", f"{record.path} was saved without a fingerprint")
+                )
             else:
                 checks.append(Check("fingerprint", lambda c: self.fingerprint(adapter, context), once, max_examples=1))
         checks.append(Check("behaviour", lambda c: self.behaviour(adapter, c), once, max_examples=1))
@@ -105,9 +115,20 @@ class NormCheckpointSuite(Suite):
 
         architecture = type(getattr(adapter, "model", None)).__name__
         fits = [name for name in matching_classes(checkpoint_names(info.checkpoint)) if name != architecture]
-        hint = f"; its tensor names fit {', '.join(fits)}" if fits else "; no causal-LM class of this transformers has exactly its tensor names"
+        hint = (
+            f"; its tensor names fit {', '.join(fits)}"
+            if fits
+            else "; no causal-LM class of this transformers has exactly its tensor names"
+        )
         count = len(info.unexpected) + len(info.missing) + len(info.mismatched)
-        return Outcome("fail", float(count), 0.0, 0.0, [], f"the checkpoint does not fit {architecture}: {'; '.join(problems)}{hint}")
+        return Outcome(
+            "fail",
+            float(count),
+            0.0,
+            0.0,
+            [],
+            f"the checkpoint does not fit {architecture}: {'; '.join(problems)}{hint}",
+        )
 
     def metadata(self, adapter: Adapter) -> Outcome:
         assert adapter.checkpoint is not None
@@ -116,7 +137,9 @@ class NormCheckpointSuite(Suite):
         if not differ:
             return Outcome("pass", message=f"runs with the recorded layout ({describe(recorded, list(LAYOUT_VALUES))})")
         changes = "; ".join(f"{k}: trained with {recorded[k]!r}, running with {running[k]!r}" for k in differ)
-        return Outcome("fail", float(len(differ)), 0.0, 0.0, [], f"the checkpoint metadata records another layout ({changes})")
+        return Outcome(
+            "fail", float(len(differ)), 0.0, 0.0, [], f"the checkpoint metadata records another layout ({changes})"
+        )
 
     def fingerprint(self, adapter: Adapter, context: RunContext) -> Outcome:
         record = adapter.checkpoint
@@ -128,7 +151,9 @@ class NormCheckpointSuite(Suite):
         what = "the model does not reproduce the log-probabilities recorded in the checkpoint at save time"
         # Saved values are log-probabilities already; compare them as they are, not renormalised.
         # The floor is 0: the recording was made on another run, perhaps another machine.
-        outcome = shape_change_outcome(context, measured, record.probe_logprobs.double(), where, 0.0, what, normalise=False)
+        outcome = shape_change_outcome(
+            context, measured, record.probe_logprobs.double(), where, 0.0, what, normalise=False
+        )
         if outcome.status == "fail":
             outcome.message += f" (recorded layout: {describe(record.layout, list(LAYOUT_VALUES))}; running: {describe(adapter.layout() or {}, list(LAYOUT_VALUES))})"
         return outcome
@@ -146,18 +171,37 @@ class NormCheckpointSuite(Suite):
         best = ranked[0]
         gap = losses["declared"] - losses[best]
         margin = MARGIN_FRACTION * chance
-        table = [{"variant": name, "probe loss": round(losses[name], 4), "temperature": round(scores[name][1], 3)} for name in ranked]
+        table = [
+            {"variant": name, "probe loss": round(losses[name], 4), "temperature": round(scores[name][1], 3)}
+            for name in ranked
+        ]
         changed = {name.split("=", 1)[0] for name in losses if "=" in name}
         declared_text = describe(declared, [k for k in declared if k in changed]) or describe(declared)
         listed = ", ".join(f"{name} {losses[name]:.3f}" for name in ranked)
         evidence = f"probe loss (repeated random sequences; chance log V = {chance:.3f}): {listed}"
         if len(losses) == 1:
-            return Outcome("warn", 0.0, 0.0, margin, [], f"inconclusive: no other variant of the architecture fits these weights, so there is nothing to compare; {evidence}", table=table)
+            return Outcome(
+                "warn",
+                0.0,
+                0.0,
+                margin,
+                [],
+                f"inconclusive: no other variant of the architecture fits these weights, so there is nothing to compare; {evidence}",
+                table=table,
+            )
         if chance - losses[best] < SIGNAL_FRACTION * chance:
             message = f"inconclusive: no variant predicts the probe better than chance, so the probe cannot tell the variants apart; {evidence}"
             return Outcome("warn", gap, 0.0, margin, [], message, table=table)
         if gap <= margin:
-            return Outcome("pass", gap, 0.0, margin, [], f"the weights fit the declared layout ({declared_text}); {evidence}", table=table)
+            return Outcome(
+                "pass",
+                gap,
+                0.0,
+                margin,
+                [],
+                f"the weights fit the declared layout ({declared_text}); {evidence}",
+                table=table,
+            )
         # Variants that compute the same function (Mistral's window wider than the probe, say) fit equally.
         equally = [name for name in ranked[1:] if losses[name] - losses[best] <= TIE * chance and name != "declared"]
         also = f" (equally: {', '.join(equally)})" if equally else ""
@@ -178,7 +222,9 @@ def probe_batch(adapter: Adapter, seed: int) -> tuple[Batch, Tensor]:
     first = random_ids(seed + 99, (PROBE_ROWS, half), caps.vocab_size, pad_token(adapter), caps.device)
     targets = torch.cat([first, first], dim=1)  # [B, 2 * half]
     if caps.family == "encoder_decoder":
-        return Batch(first, torch.ones_like(first), decoder_input_ids=targets, decoder_attention_mask=torch.ones_like(targets)), targets
+        return Batch(
+            first, torch.ones_like(first), decoder_input_ids=targets, decoder_attention_mask=torch.ones_like(targets)
+        ), targets
     ids = targets.clone()
     if caps.family == "encoder":
         ids[:, half::2] = pad_token(adapter)

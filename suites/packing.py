@@ -119,15 +119,15 @@ def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -
         if i != changed:
             others[0, packed.span(i)] = True
     caps = adapter.capabilities
-    perturbed = with_ids(packed.batch, perturb(packed.batch.input_ids, inside, caps.vocab_size, case.seed, pad_token(adapter)))
+    perturbed = with_ids(
+        packed.batch, perturb(packed.batch.input_ids, inside, caps.vocab_size, case.seed, pad_token(adapter))
+    )
     what = f"changing packed sequence {changed} of lengths {list(case.segment_lengths)} changed the logits of another sequence"
     return (yield from same_shape_outcome(adapter, context, packed.batch, perturbed, others, what))
 
 
 NO_PACKING_INPUT = "it takes neither segment ids nor position ids that restart per sequence"
-POSITIONS_DO_NOT_ISOLATE = (
-    "position ids restarting per sequence change nothing about it: its attention builds no packed-sequence mask from them"
-)
+POSITIONS_DO_NOT_ISOLATE = "position ids restarting per sequence change nothing about it: its attention builds no packed-sequence mask from them"
 
 
 def unisolated(adapter: Adapter, context: RunContext, case: PackedCase, why: str = NO_PACKING_INPUT) -> Evaluation:
@@ -136,7 +136,9 @@ def unisolated(adapter: Adapter, context: RunContext, case: PackedCase, why: str
     outcome = yield from segment_isolation(adapter, context, case)
     if outcome.status == "fail":
         outcome.status = "warn"
-        outcome.message = f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences ({why})"
+        outcome.message = (
+            f"not safe to pack: {outcome.message}; no input of this model isolates packed sequences ({why})"
+        )
     return outcome
 
 
@@ -162,11 +164,19 @@ def isolates_by_positions(adapter: Adapter, context: RunContext) -> bool:
 
 def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Evaluation:
     packed = pack(adapter, case)
-    alone = yield [Logits(adapter, Batch(row[None].to(adapter.capabilities.device))) for row in packed.rows]  # [1, n, V] each
+    alone = yield [
+        Logits(adapter, Batch(row[None].to(adapter.capabilities.device))) for row in packed.rows
+    ]  # [1, n, V] each
 
     def judge(logits: Tensor, floor: float) -> Outcome:
         pairs = [(alone[i][0], logits[0, packed.span(i)], i) for i in range(len(packed.rows))]
-        return aligned_outcome(context, pairs, floor, f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone", "sequence")
+        return aligned_outcome(
+            context,
+            pairs,
+            floor,
+            f"a packed sequence (lengths {list(case.segment_lengths)}) differs from the same sequence run alone",
+            "sequence",
+        )
 
     return (yield from with_floor(adapter, packed.batch, packed.real(), judge))
 
@@ -180,7 +190,9 @@ def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) ->
 
     def judge(logits: Tensor, floor: float) -> Outcome:
         pairs = [(padded[i, : row.numel()], logits[0, packed.span(i)], i) for i, row in enumerate(packed.rows)]
-        return aligned_outcome(context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch", "sequence")
+        return aligned_outcome(
+            context, pairs, floor, "a packed row differs from the same sequences in a right-padded batch", "sequence"
+        )
 
     return (yield from with_floor(adapter, packed.batch, packed.real(), judge))
 
@@ -201,7 +213,9 @@ class PackingSuite(Suite):
             return [Check("no_packing_input", lambda c: unisolated(adapter, context, c), strategy)]
         if adapter.capabilities.packing == "position_ids" and not isolates_by_positions(adapter, context):
             plain = without_packing_input(adapter)
-            return [Check("no_packing_input", lambda c: unisolated(plain, context, c, POSITIONS_DO_NOT_ISOLATE), strategy)]
+            return [
+                Check("no_packing_input", lambda c: unisolated(plain, context, c, POSITIONS_DO_NOT_ISOLATE), strategy)
+            ]
         settings = adapter.packing_settings()
         documented = settings[0][1]
         checks = [
@@ -218,7 +232,10 @@ class PackingSuite(Suite):
         """Run the isolation and alone checks under every setting; name the ones that leak."""
         safe, leaks, worst = [], [], Outcome("pass")
         for setting, adapter in settings:
-            outcomes = [(yield from segment_isolation(adapter, context, case)), (yield from segments_alone(adapter, context, case))]
+            outcomes = [
+                (yield from segment_isolation(adapter, context, case)),
+                (yield from segments_alone(adapter, context, case)),
+            ]
             bad = [o for o in outcomes if o.status == "fail"]
             if bad:
                 leaks.append(f"{setting.inputs} ({bad[0].message})")

@@ -108,10 +108,22 @@ class PaddingSuite(Suite):
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),
             Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded),
             # Its cases keep their forwards to themselves: it decides whether other checks may stack theirs.
-            Check("batch_composition", lambda c: self.batch_composition(batches, context, c), composition_cases(longest), batchable=False),
+            Check(
+                "batch_composition",
+                lambda c: self.batch_composition(batches, context, c),
+                composition_cases(longest),
+                batchable=False,
+            ),
         ]
         if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
-            checks.append(Check("positions_from_mask", lambda c: self.positions_from_mask(batches, context, c), padded, max_examples=3))
+            checks.append(
+                Check(
+                    "positions_from_mask",
+                    lambda c: self.positions_from_mask(batches, context, c),
+                    padded,
+                    max_examples=3,
+                )
+            )
         return checks
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:
@@ -120,7 +132,9 @@ class PaddingSuite(Suite):
         b = RowBatches(adapter)
         side = "right" if b.caps.family == "encoder" else "left"
         row = b.batch(b.rows((length - padding,), context.seed), length, side)
-        influence = measure_influence(adapter, context, row, context.seed, decoder_side=b.caps.family == "encoder_decoder")
+        influence = measure_influence(
+            adapter, context, row, context.seed, decoder_side=b.caps.family == "encoder_decoder"
+        )
         pattern = "bidirectional" if b.caps.attention == "bidirectional" else "causal"
         real = row.predicted_mask[0].bool().cpu()
         expected = expected_pattern(length, pattern, b.caps.window, b.caps.n_layers) & real[None, :] & real[:, None]
@@ -139,11 +153,15 @@ class PaddingSuite(Suite):
         rows = b.rows(case.lengths, case.seed)
         padded = b.batch(rows, max(case.lengths) + case.extra, case.side)
         mask = padded.predicted_mask
-        alone = yield [Logits(b.adapter, b.batch([row], row.numel(), case.side, first_row=i)) for i, row in enumerate(rows)]  # [1, n, V] each
+        alone = yield [
+            Logits(b.adapter, b.batch([row], row.numel(), case.side, first_row=i)) for i, row in enumerate(rows)
+        ]  # [1, n, V] each
 
         def judge(logits: Tensor, floor: float) -> Outcome:
             pairs = [(alone[i][0], real_logits(logits, mask, i), i) for i in range(len(rows))]
-            outcome = aligned_outcome(context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded")
+            outcome = aligned_outcome(
+                context, pairs, floor, f"a {case.side}-padded row differs from the same row unpadded"
+            )
             return left_padding_caveat(outcome, b.caps, case.side)
 
         return (yield from with_floor(b.adapter, padded, mask.bool(), judge))
@@ -156,8 +174,13 @@ class PaddingSuite(Suite):
         reference = yield Logits(b.adapter, base)  # [B, T, V]
 
         def judge(logits: Tensor, floor: float) -> Outcome:
-            pairs = [(real_logits(reference, base.predicted_mask, i), real_logits(logits, wider.predicted_mask, i), i) for i in range(len(rows))]
-            outcome = aligned_outcome(context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits")
+            pairs = [
+                (real_logits(reference, base.predicted_mask, i), real_logits(logits, wider.predicted_mask, i), i)
+                for i in range(len(rows))
+            ]
+            outcome = aligned_outcome(
+                context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits"
+            )
             return left_padding_caveat(outcome, b.caps, case.side)
 
         return (yield from with_floor(b.adapter, wider, wider.predicted_mask.bool(), judge))
@@ -172,7 +195,9 @@ class PaddingSuite(Suite):
         what = f"row 0 changed when the other rows changed from lengths {list(case.others_a)} to {list(case.others_b)} ({case.side} padding)"
 
         def judge(logits_b: Tensor, floor: float) -> Outcome:
-            pairs = [(real_logits(logits_a, batch_a.predicted_mask, 0), real_logits(logits_b, batch_b.predicted_mask, 0), 0)]
+            pairs = [
+                (real_logits(logits_a, batch_a.predicted_mask, 0), real_logits(logits_b, batch_b.predicted_mask, 0), 0)
+            ]
             return left_padding_caveat(aligned_outcome(context, pairs, floor, what), b.caps, case.side)
 
         return (yield from with_floor(b.adapter, batch_b, batch_b.predicted_mask.bool(), judge))
@@ -193,11 +218,17 @@ class PaddingSuite(Suite):
         logits_without, logits_ignoring = yield [Logits(b.adapter, without), Logits(b.adapter, ignoring_mask)]
 
         def judge(logits: Tensor, floor: float) -> Outcome:
-            pairs = [(real_logits(logits, mask, i), real_logits(logits_without, mask, i), i) for i in range(with_positions.size)]
+            pairs = [
+                (real_logits(logits, mask, i), real_logits(logits_without, mask, i), i)
+                for i in range(with_positions.size)
+            ]
             outcome = aligned_outcome(context, pairs, floor, "left padding without position_ids")
             if outcome.status != "fail":
                 return outcome
-            shifted = max(float((real_logits(logits_ignoring, mask, i) - real_logits(logits_without, mask, i)).abs().max()) for i in range(with_positions.size))
+            shifted = max(
+                float((real_logits(logits_ignoring, mask, i) - real_logits(logits_without, mask, i)).abs().max())
+                for i in range(with_positions.size)
+            )
             if shifted >= outcome.max_diff:  # no closer to shifted positions than to derived ones: not a shift
                 outcome.status = "pass"
                 outcome.message = (

@@ -51,7 +51,9 @@ def test_hf_directory_round_trip(saved_models, name: str) -> None:  # type: igno
     logits = adapter.logits(batch)
     assert logits.shape == (*batch.predicted_ids.shape, adapter.capabilities.vocab_size)
     with torch.no_grad():
-        expected = original(**{k: v for k, v in vars(batch).items() if v is not None and k != "segment_ids" and k != "position_ids"}).logits
+        expected = original(
+            **{k: v for k, v in vars(batch).items() if v is not None and k != "segment_ids" and k != "position_ids"}
+        ).logits
     torch.testing.assert_close(logits, expected)
 
 
@@ -72,8 +74,15 @@ def test_hf_prefill_and_steps_equal_full_forward(name: str) -> None:
     batch = batch_for(family, adapter.capabilities.vocab_size, length=7)
     full = adapter.logits(batch)
     tokens = batch.predicted_ids
-    first = Batch(batch.input_ids[:, :3], batch.attention_mask[:, :3]) if family == "decoder" else Batch(
-        batch.input_ids, batch.attention_mask, decoder_input_ids=tokens[:, :2], decoder_attention_mask=torch.ones_like(tokens[:, :2])
+    first = (
+        Batch(batch.input_ids[:, :3], batch.attention_mask[:, :3])
+        if family == "decoder"
+        else Batch(
+            batch.input_ids,
+            batch.attention_mask,
+            decoder_input_ids=tokens[:, :2],
+            decoder_attention_mask=torch.ones_like(tokens[:, :2]),
+        )
     )
     split = first.predicted_ids.shape[1]
     logits, state = adapter.prefill(first)
@@ -105,15 +114,26 @@ class OldCacheKeyword(torch.nn.Module):
         self.inner = tiny_model("llama")
         self.config = self.inner.config
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, labels=None):  # type: ignore[no-untyped-def]
-        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=past_key_values, use_cache=use_cache, labels=labels)
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, labels=None
+    ):  # type: ignore[no-untyped-def]
+        out = self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=past_key_values,
+            use_cache=use_cache,
+            labels=labels,
+        )
         return SimpleNamespace(logits=out.logits, loss=out.loss, past_key_values=out.cache)  # the old output attribute
 
     def get_output_embeddings(self):  # type: ignore[no-untyped-def]
         return self.inner.get_output_embeddings()
 
 
-@pytest.mark.parametrize("model_factory, keyword", [(lambda: tiny_model("llama"), "cache"), (OldCacheKeyword, "past_key_values")])
+@pytest.mark.parametrize(
+    "model_factory, keyword", [(lambda: tiny_model("llama"), "cache"), (OldCacheKeyword, "past_key_values")]
+)
 def test_cache_keyword_is_read_from_the_forward_signature(model_factory, keyword: str) -> None:  # type: ignore[no-untyped-def]
     adapter = HFAdapter(model_factory(), task="causal-lm")
     assert adapter.cache_keyword == keyword

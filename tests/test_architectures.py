@@ -43,7 +43,9 @@ def test_a_convention_never_covers_a_seeded_loss_bug() -> None:
 def test_a_model_that_ignores_its_mask_is_not_excused_by_positions() -> None:
     """RWKV has no positions and ignores attention_mask: pad ids move real logits, so the
     left-padding checks fail as a mask leak instead of blaming shifted positions."""
-    checks = {c.name: c for c in audit(HFAdapter(shrunk_model("rwkv", "causal-lm")), ["padding"]).suite("padding").checks}
+    checks = {
+        c.name: c for c in audit(HFAdapter(shrunk_model("rwkv", "causal-lm")), ["padding"]).suite("padding").checks
+    }
     assert checks["pad_ids"].status == "fail"
     for name in ("padded_vs_unpadded", "extra_padding"):
         assert checks[name].status == "fail" and "the padding mask is not applied" in checks[name].message
@@ -61,7 +63,9 @@ def test_suites_that_do_not_measure_pad_ids_check_the_mask_before_blaming_positi
     for check in (greedy, extra):
         assert check.status == "fail" and check.message.endswith("the padding mask is not applied"), check.message
     bart = kv_checks(shrunk_model("bart", "causal-lm"))["greedy_generation"]
-    assert bart.status == "fail" and bart.message.endswith("(derive positions from attention_mask, or accept position_ids)"), bart.message
+    assert bart.status == "fail" and bart.message.endswith(
+        "(derive positions from attention_mask, or accept position_ids)"
+    ), bart.message
 
 
 def kv_checks(model) -> dict:  # type: ignore[no-untyped-def]
@@ -74,10 +78,16 @@ def test_generate_is_compared_with_itself_where_it_prepares_other_inputs_than_th
     without. XLNet's agree; XLM's do not: its default config attends both ways, so keys and
     values cached before later tokens existed are stale (docs/suites.md)."""
     xlnet = kv_checks(shrunk_model("xlnet", "causal-lm"))
-    assert xlnet["incremental"].status == "not_applicable" and "does not feed this model its prompt" in xlnet["incremental"].message
+    assert (
+        xlnet["incremental"].status == "not_applicable"
+        and "does not feed this model its prompt" in xlnet["incremental"].message
+    )
     assert xlnet["generate_use_cache"].status == "pass", xlnet["generate_use_cache"].message
     xlm = kv_checks(shrunk_model("xlm", "causal-lm"))["generate_use_cache"]
-    assert xlm.status == "fail" and "generate() with its cache (use_cache=True) differs from generate() without one" in xlm.message
+    assert (
+        xlm.status == "fail"
+        and "generate() with its cache (use_cache=True) differs from generate() without one" in xlm.message
+    )
 
 
 def test_generate_use_cache_fails_a_seeded_cache_only_difference() -> None:
@@ -107,20 +117,42 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "architectures.jsonl
 #: state-space and hybrid (Mamba, Jamba, Bamba, RWKV); multi-head latent attention
 #: (DeepSeek-V3); encoders and encoder-decoder decoders behind a causal-LM head
 SUBSET = [
-    ("gpt2", "causal-lm"), ("llama", "causal-lm"), ("mistral", "causal-lm"), ("qwen2", "causal-lm"),
-    ("gemma2", "causal-lm"), ("gemma3_text", "causal-lm"), ("cohere2", "causal-lm"), ("starcoder2", "causal-lm"),
-    ("mixtral", "causal-lm"), ("qwen2_moe", "causal-lm"), ("olmoe", "causal-lm"), ("mpt", "causal-lm"),
-    ("bloom", "causal-lm"), ("falcon", "causal-lm"), ("gpt_neox", "causal-lm"), ("opt", "causal-lm"),
-    ("phi", "causal-lm"), ("mamba", "causal-lm"), ("jamba", "causal-lm"), ("rwkv", "causal-lm"),
-    ("bert", "causal-lm"), ("roberta", "causal-lm"), ("bart", "causal-lm"), ("xglm", "causal-lm"),
-    ("biogpt", "causal-lm"), ("bamba", "causal-lm"), ("deepseek_v3", "causal-lm"),
+    ("gpt2", "causal-lm"),
+    ("llama", "causal-lm"),
+    ("mistral", "causal-lm"),
+    ("qwen2", "causal-lm"),
+    ("gemma2", "causal-lm"),
+    ("gemma3_text", "causal-lm"),
+    ("cohere2", "causal-lm"),
+    ("starcoder2", "causal-lm"),
+    ("mixtral", "causal-lm"),
+    ("qwen2_moe", "causal-lm"),
+    ("olmoe", "causal-lm"),
+    ("mpt", "causal-lm"),
+    ("bloom", "causal-lm"),
+    ("falcon", "causal-lm"),
+    ("gpt_neox", "causal-lm"),
+    ("opt", "causal-lm"),
+    ("phi", "causal-lm"),
+    ("mamba", "causal-lm"),
+    ("jamba", "causal-lm"),
+    ("rwkv", "causal-lm"),
+    ("bert", "causal-lm"),
+    ("roberta", "causal-lm"),
+    ("bart", "causal-lm"),
+    ("xglm", "causal-lm"),
+    ("biogpt", "causal-lm"),
+    ("bamba", "causal-lm"),
+    ("deepseek_v3", "causal-lm"),
 ]
 
 
 def recorded(model_type: str, task: str) -> dict:
     records = [json.loads(line) for line in RESULTS.read_text().splitlines()]
     matches = [r for r in records if (r["type"], r["task"], r["implementation"]) == (model_type, task, "default")]
-    assert matches, f"{model_type} ({task}) is not in {RESULTS.name}: run scripts/sweep/architecture_sweep.py --types {model_type}"
+    assert matches, (
+        f"{model_type} ({task}) is not in {RESULTS.name}: run scripts/sweep/architecture_sweep.py --types {model_type}"
+    )
     return matches[-1]
 
 

@@ -12,6 +12,7 @@ from verdict_record import RECORD
 
 from maskcheck import audit
 from maskcheck.harness.adapters.base import Batch
+from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.harness.engine.batching import (
     FORWARD_COST_TOKENS,
     Logits,
@@ -21,7 +22,6 @@ from maskcheck.harness.engine.batching import (
     widen,
 )
 from maskcheck.harness.engine.cases import RowBatches
-from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.mutants import build
 
@@ -52,7 +52,9 @@ def test_requests_keep_their_attention_path(decoder: Any) -> None:
         "right 7": Logits(decoder, padded(decoder, (4,), 7, "right")),
     }
     groups = sorted(sorted(g) for g in plan(requests))
-    assert groups == sorted([["no mask", "no mask, same length"], ["no mask, other length"], ["ones"], ["left 6", "left 8"], ["right 7"]])
+    assert groups == sorted(
+        [["no mask", "no mask, same length"], ["no mask, other length"], ["ones"], ["left 6", "left 8"], ["right 7"]]
+    )
 
 
 def test_stacking_across_lengths_stops_where_padding_costs_more_than_a_forward(decoder: Any) -> None:
@@ -62,7 +64,9 @@ def test_stacking_across_lengths_stops_where_padding_costs_more_than_a_forward(d
     assert 1 * (40 - 2) > FORWARD_COST_TOKENS  # padding the short row to 40 costs more than its own forward
     assert sorted(sorted(g) for g in plan(requests)) == [["long"], ["short"]]
     near = padded(decoder, (30,), 36, "right")
-    assert sorted(sorted(g) for g in plan({"near": Logits(decoder, near), "long": Logits(decoder, long)})) == [["long", "near"]]
+    assert sorted(sorted(g) for g in plan({"near": Logits(decoder, near), "long": Logits(decoder, long)})) == [
+        ["long", "near"]
+    ]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -77,7 +81,11 @@ def test_a_widened_batch_gives_its_rows_the_same_logits(decoder: Any, side: str)
 
 def real_sum(logits: torch.Tensor, batch: Batch) -> float:
     """The sum of the logits at real positions (a padded slot's logits are nobody's business)."""
-    real = torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None else batch.attention_mask.bool()
+    real = (
+        torch.ones_like(batch.input_ids, dtype=torch.bool)
+        if batch.attention_mask is None
+        else batch.attention_mask.bool()
+    )
     return float(logits[real].sum())
 
 
@@ -89,7 +97,14 @@ def evaluation(adapter: Any, batches: list[Batch]) -> Any:
 
 
 def test_lockstep_gives_each_evaluation_its_own_logits_in_fewer_forwards(decoder: Any) -> None:
-    plans = [[padded(decoder, (n, 2), 5 + n % 3, "left"), padded(decoder, (n,), n + 1, "right"), Batch(torch.randint(1, 50, (1, 4)))] for n in range(1, 6)]
+    plans = [
+        [
+            padded(decoder, (n, 2), 5 + n % 3, "left"),
+            padded(decoder, (n,), n + 1, "right"),
+            Batch(torch.randint(1, 50, (1, 4))),
+        ]
+        for n in range(1, 6)
+    ]
     alone = [run_alone(evaluation(decoder, p)) for p in plans]
     calls = []
     original = decoder.logits
@@ -121,7 +136,9 @@ def test_one_case_that_raises_leaves_the_others_their_outcomes(decoder: Any) -> 
 
 def test_the_report_says_whether_cases_shared_forwards() -> None:
     on = audit("ref:tiny-decoder", ["padding", "causal"], profile="dev")
-    assert on.environment["batching"].startswith("on: cases of a check share forwards (padding/batch_composition passed on")
+    assert on.environment["batching"].startswith(
+        "on: cases of a check share forwards (padding/batch_composition passed on"
+    )
     off = audit("ref:tiny-decoder", ["causal"], profile="dev")
     assert off.environment["batching"].startswith("off: the padding suite")
     unasked = audit("ref:tiny-decoder", ["padding"], profile="dev", batch_cases=False)
@@ -132,8 +149,15 @@ def test_the_command_line_can_ask_for_one_case_per_forward(tmp_path: Any) -> Non
     from maskcheck.harness.cli import main
 
     report = tmp_path / "report.json"
-    assert main(["audit", "ref:tiny-decoder", "-q", "--suites", "padding", "--one-case-per-forward", "--json", str(report)]) == 0
-    assert json.loads(report.read_text())["environment"]["batching"].startswith("off: every case has forwards of its own")
+    assert (
+        main(
+            ["audit", "ref:tiny-decoder", "-q", "--suites", "padding", "--one-case-per-forward", "--json", str(report)]
+        )
+        == 0
+    )
+    assert json.loads(report.read_text())["environment"]["batching"].startswith(
+        "off: every case has forwards of its own"
+    )
 
 
 def test_a_model_whose_rows_read_each_other_gets_one_case_per_forward() -> None:

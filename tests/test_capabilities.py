@@ -59,6 +59,7 @@ def test_a_forward_that_returns_no_loss_has_none() -> None:
 
 # -- plain modules: keywords, a cache of their own, positions under left padding -----------------
 
+
 class SegmentDecoder(nn.Module):
     """Packs by segment ids, taken as a keyword: attention stays inside a segment."""
 
@@ -71,7 +72,9 @@ class SegmentDecoder(nn.Module):
     def forward(self, input_ids, attention_mask, segment_ids=None):  # type: ignore[no-untyped-def]
         x = self.embed(input_ids)  # [B, T, C]
         length = input_ids.shape[1]
-        allowed = torch.ones(length, length, dtype=torch.bool).tril()[None] & attention_mask.bool()[:, None, :]  # [B, T, T]
+        allowed = (
+            torch.ones(length, length, dtype=torch.bool).tril()[None] & attention_mask.bool()[:, None, :]
+        )  # [B, T, T]
         if segment_ids is not None and not self.ignore_segments:
             allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])
         allowed = allowed | torch.eye(length, dtype=torch.bool)[None]
@@ -121,10 +124,15 @@ class AbsolutePositions(nn.Module):
 def test_a_decoder_whose_positions_ignore_left_padding_fails() -> None:
     """Batched generation must left-pad a decoder-only model and nothing the caller passes
     fixes its positions: fail. An encoder-decoder's convention is right padding: warn."""
-    padding = audit(ModuleAdapter(AbsolutePositions(), Capabilities(family="decoder", vocab_size=16)), ["padding"]).suite("padding")
+    padding = audit(
+        ModuleAdapter(AbsolutePositions(), Capabilities(family="decoder", vocab_size=16)), ["padding"]
+    ).suite("padding")
     checks = {c.name: c for c in padding.checks}
     assert checks["pad_ids"].status == "pass"  # the mask itself is right
-    assert checks["padded_vs_unpadded"].status == "fail" and "nothing a caller passes can fix it" in checks["padded_vs_unpadded"].message
+    assert (
+        checks["padded_vs_unpadded"].status == "fail"
+        and "nothing a caller passes can fix it" in checks["padded_vs_unpadded"].message
+    )
 
 
 @pytest.mark.parametrize("model_type, task", [("roberta", "masked-lm"), ("mpt", "causal-lm")])
@@ -132,19 +140,28 @@ def test_models_without_a_packing_input_are_measured_when_packed(model_type: str
     """An encoder (RoBERTa), an ALiBi decoder without position ids (MPT) and a plain module
     are packed anyway by flattening collators: a leak is a warn that says so, never not_applicable."""
     packing = audit(HFAdapter(shrunk_model(model_type, task)), ["packing"]).suite("packing")
-    assert packing.status == "warn" and packing.checks[0].message.startswith("not safe to pack: changing packed sequence")
+    assert packing.status == "warn" and packing.checks[0].message.startswith(
+        "not safe to pack: changing packed sequence"
+    )
     plain = audit(plain_decoder(), ["packing"]).suite("packing")
     assert plain.status == "warn" and "no input of this model isolates packed sequences" in plain.checks[0].message
 
 
 # -- sliding windows checked per layer, at their real width --------------------------------------
 
+
 def windowed(config_class: str, attn: str, **window: object) -> object:
     import transformers
 
     config = getattr(transformers, config_class)(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, **window,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        **window,
     )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()

@@ -36,7 +36,9 @@ def edit_tensors(directory: Path, add: str | None = None, drop: str | None = Non
 
 
 def load_check(directory: Path):  # type: ignore[no-untyped-def]
-    return next(c for c in audit(f"hf:{directory}", ["norm_checkpoint"]).suite("norm_checkpoint").checks if c.name == "load")
+    return next(
+        c for c in audit(f"hf:{directory}", ["norm_checkpoint"]).suite("norm_checkpoint").checks if c.name == "load"
+    )
 
 
 def test_a_checkpoint_that_fits_its_class_passes(tmp_path: Path) -> None:
@@ -51,7 +53,9 @@ def test_olmo2_weights_under_a_llama_config_fail_and_name_the_classes_they_fit(t
     assert "its tensor names fit" in check.message and "Olmo2ForCausalLM" in check.message
 
 
-@pytest.mark.parametrize("change", [{"add": "model.layers.1.extra.weight"}, {"drop": "model.layers.1.mlp.down_proj.weight"}])
+@pytest.mark.parametrize(
+    "change", [{"add": "model.layers.1.extra.weight"}, {"drop": "model.layers.1.mlp.down_proj.weight"}]
+)
 def test_an_extra_or_a_missing_tensor_fails_load(tmp_path: Path, change: dict) -> None:
     edit_tensors(checkpoint(tmp_path, "llama"), **change)
     check = load_check(tmp_path)

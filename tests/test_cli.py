@@ -45,7 +45,9 @@ def test_error_and_nan_reports_validate_too() -> None:
         raise RuntimeError("boom")
 
     for forward in (nan_model, raising):
-        report = audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding"]).to_dict()
+        report = audit(
+            ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding"]
+        ).to_dict()
         jsonschema.validate(report, report_schema())
         json.dumps(report, allow_nan=False)  # strict JSON: raises on NaN or Infinity
 
@@ -126,8 +128,24 @@ def test_help_of_every_subcommand_is_complete(capsys) -> None:  # type: ignore[n
     with pytest.raises(SystemExit):
         parser.parse_args(["audit", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--suites", "--device", "--dtype", "--attn-implementation", "--task", "--examples", "--seed", "--profile",
-                 "--json", "--report", "--override", "--timeout", "--trust-remote-code", "-q", "-v", "Exit codes"):
+    for flag in (
+        "--suites",
+        "--device",
+        "--dtype",
+        "--attn-implementation",
+        "--task",
+        "--examples",
+        "--seed",
+        "--profile",
+        "--json",
+        "--report",
+        "--override",
+        "--timeout",
+        "--trust-remote-code",
+        "-q",
+        "-v",
+        "Exit codes",
+    ):
         assert flag in text
 
 
@@ -165,16 +183,20 @@ def synthetic_result(checks: list) -> object:  # type: ignore[type-arg]
 
 
 def test_the_table_explains_every_failing_check_and_its_worst_diff() -> None:
-    from maskcheck.harness.report.render import render_table
     from maskcheck.harness.engine.verdict import CheckResult
+    from maskcheck.harness.report.render import render_table
 
     failing = [CheckResult(f"check_{i}", "fail", f"leak number {i}", 0.2, 0.0, 0.1) for i in range(11)]
     # A warn that measured far over its threshold: the column shows it, not the first fail's.
-    warned = CheckResult("positions", "warn", "left padding shifts positions; " + "advice " * 30 + "THE END", 5.0, 0.0, 0.01)
+    warned = CheckResult(
+        "positions", "warn", "left padding shifts positions; " + "advice " * 30 + "THE END", 5.0, 0.0, 0.01
+    )
     text = render_table(synthetic_result([*failing, warned]), "synthetic", 0.1)
     assert all(f"padding/check_{i}: leak number {i}" in text for i in range(11))
     assert text.splitlines()[2].split()[3:6] == ["5", "/", "0.01"]
-    assert "THE END" not in text and "THE END" in render_table(synthetic_result([warned]), "synthetic", 0.1, verbose=True)
+    assert "THE END" not in text and "THE END" in render_table(
+        synthetic_result([warned]), "synthetic", 0.1, verbose=True
+    )
 
 
 def test_report_md_keeps_the_output_input_pairs_of_a_pattern_leak(tmp_path: Path) -> None:
@@ -184,7 +206,9 @@ def test_report_md_keeps_the_output_input_pairs_of_a_pattern_leak(tmp_path: Path
     assert "[0, 1], [0, 2], [1, 2]" in line
     pairs = json.loads((tmp_path / "report.json").read_text())["suites"][0]["checks"]
     declared = next(c for c in pairs if c["name"] == "declared_pattern")
-    assert declared["positions_label"] == "output, input" and len({tuple(p) for p in declared["positions"]}) == len(declared["positions"])
+    assert declared["positions_label"] == "output, input" and len({tuple(p) for p in declared["positions"]}) == len(
+        declared["positions"]
+    )
 
 
 def test_a_misspelt_suite_is_refused_before_the_model_loads(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -72,14 +72,28 @@ def test_nothing_applicable_exits_2(capsys) -> None:  # type: ignore[no-untyped-
 
 
 def test_console_script_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "maskcheck.harness.cli", "audit", "--help"], capture_output=True, text=True, check=True).stdout
-    for option in ("--suites", "--device", "--dtype", "--attn-implementation", "--task", "--examples", "--seed", "--json"):
+    out = subprocess.run(
+        [sys.executable, "-m", "maskcheck.harness.cli", "audit", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for option in (
+        "--suites",
+        "--device",
+        "--dtype",
+        "--attn-implementation",
+        "--task",
+        "--examples",
+        "--seed",
+        "--json",
+    ):
         assert option in out
 
 
 def test_importing_the_plugin_does_not_import_torch() -> None:
     code = "import sys, maskcheck, maskcheck.harness.plugin; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_tolerance_table_selection_and_overrides() -> None:
@@ -132,7 +146,10 @@ def test_scale_is_the_largest_compared_logit_or_log_probability() -> None:
     broken = differing.clone()
     broken[0, 3] = float("nan")
     diff, worst, scale = compare_rows(reference, broken)
-    assert diff[0] == worst == float("inf") and scale == pytest.approx(max(float(reference[1:].abs().max()), float(-logprobs[1:].min())), rel=1e-6)
+    assert diff[0] == worst == float("inf") and scale == pytest.approx(
+        max(float(reference[1:].abs().max()), float(-logprobs[1:].min())), rel=1e-6
+    )
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_bfloat16_audit_runs() -> None:  # pragma: no cover - exercised on a GPU machine
@@ -145,7 +162,9 @@ def test_bfloat16_audit_on_cpu_catches_a_leak_and_passes_clean() -> None:
 
 
 def test_tolerance_from_pyproject_reaches_the_audit(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "pyproject.toml").write_text('[tool.maskcheck.tolerance."cpu.float32"]\nshape_change_ulps = 1000\nsame_shape_ulps = 1000\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.maskcheck.tolerance."cpu.float32"]\nshape_change_ulps = 1000\nsame_shape_ulps = 1000\n'
+    )
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "r.json"
     assert main(["audit", "ref:tiny-decoder", "--suites", "causal", "-q", "--json", str(report)]) == 0

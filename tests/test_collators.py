@@ -46,17 +46,25 @@ def test_transformers_collators_configured_as_documented_pass(factory: str, task
 def test_pad_equal_to_eos_masks_every_real_eos_and_says_what_to_change() -> None:
     check = failing(audit_collator("collator:examples.collators:pad_is_eos", "causal-lm"))["target_labels"]
     assert "real EOS token(s) (id 2, which is also the pad id), so the model never learns to stop" in check.message
-    assert "give the tokenizer a pad token distinct from EOS" in check.message and "mask labels by the attention mask" in check.message
+    assert (
+        "give the tokenizer a pad token distinct from EOS" in check.message
+        and "mask labels by the attention mask" in check.message
+    )
     assert [2] == [t for e in check.case["examples"] for t in e["input_ids"] if t == 2]  # the shrunk case holds one EOS
 
 
 def test_labels_copied_from_padded_input_ids_fail_at_padding() -> None:
     check = failing(audit_collator("collator:examples.collators:labels_are_input_ids", "causal-lm"))["padding_labels"]
-    assert "so the loss trains the model to predict padding" in check.message and "set padded labels to -100" in check.message
+    assert (
+        "so the loss trains the model to predict padding" in check.message
+        and "set padded labels to -100" in check.message
+    )
 
 
 def test_seq2seq_labels_padded_with_the_pad_id_fail() -> None:
-    check = failing(audit_collator("collator:examples.collators:seq2seq_labels_padded_with_pad_id", "seq2seq"))["label_padding"]
+    check = failing(audit_collator("collator:examples.collators:seq2seq_labels_padded_with_pad_id", "seq2seq"))[
+        "label_padding"
+    ]
     assert "label_pad_token_id=-100" in check.message
 
 
@@ -70,15 +78,24 @@ def test_each_seeded_collator_bug_is_caught_by_its_check_and_shrinks(name: str) 
 
 
 def test_a_failure_writes_a_bundle_that_replays_from_another_directory(tmp_path: Path) -> None:
-    result = audit_collator("collator:maskcheck.reference_models.collator_mutants:boundary_label_kept", "packed", bundle_dir=tmp_path)
+    result = audit_collator(
+        "collator:maskcheck.reference_models.collator_mutants:boundary_label_kept", "packed", bundle_dir=tmp_path
+    )
     bundle = Path(result.suites[0].reproduction)
     data = json.loads((bundle / "case.json").read_text())
     assert data["kind"] == "collator" and data["task"] == "packed"
     outcome, batch = replay_collator_case(data, 0)
     assert outcome.status == "fail" and batch is not None
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(bundle)], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(bundle)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1 and "1 failed" in run.stdout, run.stdout[-600:]
-    replayed = subprocess.run([sys.executable, "-m", "maskcheck", "replay", str(bundle)], cwd=tmp_path, capture_output=True, text=True)
+    replayed = subprocess.run(
+        [sys.executable, "-m", "maskcheck", "replay", str(bundle)], cwd=tmp_path, capture_output=True, text=True
+    )
     assert replayed.returncode == 1 and "collator/boundary_labels: FAIL" in replayed.stdout
 
 
@@ -110,7 +127,21 @@ def test_bad_collator_specs_are_one_line_errors() -> None:
 
 
 def test_the_cli_audits_a_collator() -> None:
-    run = subprocess.run([sys.executable, "-m", "maskcheck", "audit", "collator:examples.collators:pad_is_eos", "--task", "causal-lm", "-q"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "maskcheck",
+            "audit",
+            "collator:examples.collators:pad_is_eos",
+            "--task",
+            "causal-lm",
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1 and "collator  FAIL" in run.stdout and "never learns to stop" in run.stdout
 
 
@@ -134,7 +165,9 @@ def summed_by_hand(model, micro_batches):  # type: ignore[no-untyped-def]
     total = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
     for batch in micro_batches:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1), reduction="sum").div(total).backward()
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1), reduction="sum").div(
+            total
+        ).backward()
 
 
 @pytest.mark.parametrize("loop", [divided_by_the_total, summed_by_hand])

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from maskcheck import audit
-from maskcheck.harness.cli import main
-from maskcheck.harness.audits.costs import kv_formula, profile, tensor_bytes
 from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
+from maskcheck.harness.audits.costs import kv_formula, profile, tensor_bytes
+from maskcheck.harness.cli import main
 from maskcheck.reference_models.hf_tiny import tiny_model
 
 
@@ -30,7 +30,9 @@ def test_with_and_without_cache_feed_the_model_what_they_claim() -> None:
     the cache feed one token each; generation without it feeds the whole growing prefix."""
     adapter = load_adapter("ref:tiny-decoder")
     widths: list[int] = []
-    handle = adapter.model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(args[0].shape[1]), with_kwargs=True)
+    handle = adapter.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(args[0].shape[1]), with_kwargs=True
+    )
     try:
         profile(adapter, [32], max_seconds=60, repeats=2, new_tokens=4)
     finally:
@@ -44,7 +46,23 @@ def test_time_budget_stops_at_the_longest_length_that_fits() -> None:
 
 
 def test_cli_profile_writes_table_json_and_plot(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["profile", "ref:tiny-decoder", "--lengths", "16,32", "--repeats", "2", "--new-tokens", "4", "--report", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "ref:tiny-decoder",
+                "--lengths",
+                "16,32",
+                "--repeats",
+                "2",
+                "--new-tokens",
+                "4",
+                "--report",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "prefill p50/p95 ms" in out and "KV B/token" in out
     data = json.loads((tmp_path / "profile.json").read_text())
@@ -63,7 +81,14 @@ def test_tensor_bytes_counts_shared_storage_once() -> None:
 
 def test_suites_keep_working_on_a_model_sharded_with_disk_offload(tmp_path: Path) -> None:
     tiny_model("llama", "sdpa").save_pretrained(tmp_path, safe_serialization=True)
-    placement = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    placement = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     adapter = load_adapter(f"hf:{tmp_path}", LoadOptions(device_map=placement))
     assert adapter.model.hf_device_map["model.layers.1"] == "disk"
     result = audit(adapter, ["causal", "padding", "kv_cache"])
@@ -114,7 +139,16 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
     split = breakdown(model, "dev")
     assert (Transformer.forward, runner.run_check) == (forward, run_check)
     # "(gate)": padding/batch_composition, run before the suites to decide whether cases share forwards
-    assert set(split) == {"(gate)", "causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint"}
+    assert set(split) == {
+        "(gate)",
+        "causal",
+        "padding",
+        "cross_attention",
+        "loss_masking",
+        "packing",
+        "kv_cache",
+        "norm_checkpoint",
+    }
     assert all(seconds >= 0 for suite in split.values() for seconds in suite)
     assert split["kv_cache"][0] > 0 and split["cross_attention"][0] == 0  # a decoder: no cross-attention forwards
 

@@ -60,7 +60,14 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:  # type: ignore
     argv = shlex.split(command.strip())
     assert argv[0] == "maskcheck", command
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "maskcheck", *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=600, env=environment)
+    return subprocess.run(
+        [sys.executable, "-m", "maskcheck", *argv[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
@@ -76,7 +83,9 @@ def test_every_documented_command_runs(page: Path, workdir: Path) -> None:
 
 
 def test_the_cli_reference_is_current() -> None:
-    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], capture_output=True, text=True
+    )
     assert completed.returncode == 0, completed.stderr
 
 

@@ -41,9 +41,18 @@ def long_row(case: PaddedCase) -> bool:
 
 @pytest.mark.parametrize(
     ("cases", "max_examples", "expected"),
-    [(20, None, (3, 10)), (8, None, (2, 8)), (25, None, (4, 9)), (200, None, (21, 10)), (1, None, (1, 1)), (20, 3, (3, 1))],
+    [
+        (20, None, (3, 10)),
+        (8, None, (2, 8)),
+        (25, None, (4, 9)),
+        (200, None, (21, 10)),
+        (1, None, (1, 1)),
+        (20, 3, (3, 1)),
+    ],
 )
-def test_cases_are_split_evenly_into_examples_after_the_minimal_one(cases: int, max_examples: int | None, expected: tuple[int, int]) -> None:
+def test_cases_are_split_evenly_into_examples_after_the_minimal_one(
+    cases: int, max_examples: int | None, expected: tuple[int, int]
+) -> None:
     assert split_examples(cases, max_examples) == expected
 
 
@@ -93,7 +102,6 @@ def test_a_failure_among_shared_cases_is_shrunk_as_if_drawn_alone() -> None:
     assert len(seen) == len(set(seen))
 
 
-
 def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
     from dataclasses import dataclass
 
@@ -108,12 +116,21 @@ def test_cases_drawn_field_by_field_shrink_to_the_simplest() -> None:
         side: str
         seed: int
 
-    strategy = case_strategy(Case, lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple), side=st.sampled_from(["right", "left"]), seed=st.integers(0, 99))
+    strategy = case_strategy(
+        Case,
+        lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+        side=st.sampled_from(["right", "left"]),
+        seed=st.integers(0, 99),
+    )
     # Any case at all shrinks to the simplest one; a condition on some fields leaves the others simplest.
     assert find(strategy, lambda case: True) == Case((1,), "right", 0)
     assert find(strategy, lambda case: len(case.lengths) == 3 and case.side == "left") == Case((1, 1, 1), "left", 0)
     # Among ten cases, as a check draws them, the cases that do not matter shrink to the simplest.
-    cases = find(st.tuples(*[strategy] * 10), lambda drawn: any(sum(case.lengths) >= 12 for case in drawn), settings=settings(derandomize=True, database=None))
+    cases = find(
+        st.tuples(*[strategy] * 10),
+        lambda drawn: any(sum(case.lengths) >= 12 for case in drawn),
+        settings=settings(derandomize=True, database=None),
+    )
     failing = [case for case in cases if sum(case.lengths) >= 12]
     assert len(failing) == 1 and failing[0].side == "right" and failing[0].seed == 0
     assert [case for case in cases if case not in failing] == [Case((1,), "right", 0)] * 9
@@ -170,7 +187,13 @@ def test_the_cases_a_seed_draws_do_not_depend_on_the_local_modules_the_process_i
 
     before = drawn()
     # A local module whose literals cover every value the strategy can draw.
-    (tmp_path / "host_constants.py").write_text("VALUES = [" + ", ".join(str(v) for v in range(0, 2**16 + 1, 97)) + ", " + ", ".join(map(str, range(13))) + "]\n")
+    (tmp_path / "host_constants.py").write_text(
+        "VALUES = ["
+        + ", ".join(str(v) for v in range(0, 2**16 + 1, 97))
+        + ", "
+        + ", ".join(map(str, range(13)))
+        + "]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("host_constants")
     assert drawn() == before

@@ -12,21 +12,21 @@ from test_plugin import MODELS, PYPROJECT
 
 pytest_plugins = ["pytester"]
 
-HOST_TESTS = '''
+HOST_TESTS = """
 import harness, suites, reference_models
 
 
 def test_host_packages_are_the_hosts_own():
     assert (harness.OWNER, suites.OWNER, reference_models.OWNER) == ("host", "host", "host")
-'''
+"""
 
 HOST_PYPROJECT = PYPROJECT.replace('"causal,padding"', '"padding"')
 
-HOST_CONFTEST = '''
+HOST_CONFTEST = """
 from harness import OWNER  # the host's conftest imports its own harness package first
 
 assert OWNER == "host"
-'''
+"""
 
 
 @pytest.mark.parametrize("with_conftest", [False, True])

@@ -68,7 +68,9 @@ def test_llama_weights_declared_as_gemma_fail_naming_llama(tmp_path: Path) -> No
 
 
 def test_a_wrong_rope_base_fails_naming_the_trained_one(tmp_path: Path) -> None:
-    check = behaviour(f"hf:{declared_as(tmp_path, 'hf-llama', rope_parameters={'rope_theta': 1_000_000.0, 'rope_type': 'default'})}")
+    check = behaviour(
+        f"hf:{declared_as(tmp_path, 'hf-llama', rope_parameters={'rope_theta': 1_000_000.0, 'rope_type': 'default'})}"
+    )
     assert check.status == "fail", check.message
     assert "rope_theta=10000" in fitted_part(check.message)
     assert "rope_theta=1000000.0" in check.message.split("not the declared layout")[1]
@@ -94,4 +96,7 @@ def test_the_report_shows_the_variant_table() -> None:
 def test_a_masked_lm_says_why_it_has_no_variants() -> None:
     check = behaviour(HFAdapter(tiny_model("bert"), task="masked-lm"))
     assert check.status == "not_applicable"
-    assert check.message == "the adapter cannot rebuild the weights under another variant (reference models and Hugging Face causal LMs can)"
+    assert (
+        check.message
+        == "the adapter cannot rebuild the weights under another variant (reference models and Hugging Face causal LMs can)"
+    )

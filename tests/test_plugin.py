@@ -9,7 +9,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-MODELS = '''
+MODELS = """
 def good():
     import torch
     from maskcheck.reference_models import PRESETS, Transformer
@@ -20,7 +20,7 @@ def good():
 def buggy():
     from maskcheck.reference_models.mutants import build
     return build("padding_mask_ignored")
-'''
+"""
 
 PYPROJECT = '''
 [tool.pytest.ini_options]
@@ -57,9 +57,13 @@ def test_one_test_per_suite_per_model_and_the_buggy_one_fails(fake_repo: pytest.
     # Reports from every worker are merged per model; bundles sit beside them.
     report = json.loads((fake_repo.path / "maskcheck-report" / "module_models_buggy" / "report.json").read_text())
     assert [s["name"] for s in report["suites"]] == ["causal", "padding"]
-    assert (fake_repo.path / "maskcheck-report" / "module_models_buggy" / "repro-padding" / "test_repro_padding.py").is_file()
+    assert (
+        fake_repo.path / "maskcheck-report" / "module_models_buggy" / "repro-padding" / "test_repro_padding.py"
+    ).is_file()
     # Figures go into the JUnit XML as properties.
-    properties = {p.get("name"): p.get("value") for p in ElementTree.parse(fake_repo.path / "junit.xml").iter("property")}
+    properties = {
+        p.get("name"): p.get("value") for p in ElementTree.parse(fake_repo.path / "junit.xml").iter("property")
+    }
     assert "pad_ids.max_diff" in properties and "pad_ids.threshold" in properties
 
 
@@ -72,21 +76,40 @@ def test_k_selects_generated_tests_and_bundles_are_not_collected(fake_repo: pyte
 
 def test_command_line_models_and_suites_and_skip_with_reason(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-encoder", "--maskcheck-suites", "kv_cache,causal", "-rs")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "--maskcheck-model",
+        "ref:tiny-encoder",
+        "--maskcheck-suites",
+        "kv_cache,causal",
+        "-rs",
+    )
     assert outcomes(result) == {"passed": 2, "skipped": 1}, result.stdout.str()[-2000:]
     assert "the model declares no KV cache" in result.stdout.str()
 
 
 def test_warn_becomes_a_pytest_warning(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "norm_checkpoint")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "--maskcheck-model",
+        "ref:tiny-decoder",
+        "--maskcheck-suites",
+        "norm_checkpoint",
+    )
     assert outcomes(result)["passed"] == 2
     assert "MaskcheckWarning" in result.stdout.str() and "inconclusive" in result.stdout.str()
 
 
 def test_hook_fixture_and_helper_for_test_authors(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
-        '''
+        """
 from maskcheck.harness.plugin.testing import ModelEntry
 
 
@@ -97,10 +120,10 @@ def build():
 
 def pytest_maskcheck_models(config):
     return [ModelEntry("my-decoder", build)]
-'''
+"""
     )
     pytester.makepyfile(
-        test_mine='''
+        test_mine="""
 from maskcheck.harness.plugin.testing import maskcheck_tests
 from maskcheck.reference_models.mutants import build
 
@@ -109,9 +132,11 @@ test_buggy_cache = maskcheck_tests(lambda: build("kv_cache_appended_twice"), sui
 
 def test_adapter_fixture(maskcheck_adapter):
     assert maskcheck_adapter.capabilities.has_cache
-'''
+"""
     )
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "kv_cache", "-v")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "kv_cache", "-v"
+    )
     out = result.stdout.str()
     assert outcomes(result) == {"passed": 2, "failed": 1}, out[-3000:]
     assert "test_adapter_fixture[my-decoder] PASSED" in out
@@ -121,14 +146,18 @@ def test_adapter_fixture(maskcheck_adapter):
 
 def test_unknown_suite_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "nope")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "nope"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "unknown suite(s) nope" in result.stderr.str()
 
 
 def test_a_model_that_cannot_load_fails_its_tests_with_one_line(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "hf:./missing", "--maskcheck-suites", "causal")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "hf:./missing", "--maskcheck-suites", "causal"
+    )
     assert outcomes(result) == {"passed": 1, "failed": 1}
     assert "cannot load hf:./missing: no such directory" in result.stdout.str()
 
@@ -144,7 +173,9 @@ def test_test_paths_leave_configured_models_out_and_the_summary_says_so(fake_rep
     assert "test paths were given: run pytest without paths, or add --maskcheck-always" in line
     # --maskcheck-require turns the line into a failing run; --maskcheck-always audits them.
     required = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-require")
-    assert required.ret == pytest.ExitCode.TESTS_FAILED and "--maskcheck-require: the run fails" in required.stdout.str()
+    assert (
+        required.ret == pytest.ExitCode.TESTS_FAILED and "--maskcheck-require: the run fails" in required.stdout.str()
+    )
     always = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-always")
     assert outcomes(always) == {"passed": 4, "failed": 1} and "NOT audited" not in always.stdout.str()
 
@@ -159,7 +190,9 @@ def test_deselected_models_are_named_and_counts_stay_positive(fake_repo: pytest.
 def test_the_merged_report_describes_this_run_only(fake_repo: pytest.Pytester) -> None:
     model_dir = fake_repo.path / "maskcheck-report" / "module_models_buggy"
     assert outcomes(fake_repo.runpytest_subprocess("-p", "no:xdist")) == {"passed": 4, "failed": 1}
-    assert (model_dir / "repro-padding" / "case.json").is_file() and (model_dir / "padding-effective-mask.png").is_file()
+    assert (model_dir / "repro-padding" / "case.json").is_file() and (
+        model_dir / "padding-effective-mask.png"
+    ).is_file()
     # Files that are not maskcheck's own, in and beside the model's directory, are never touched.
     (model_dir / "notes.txt").write_text("mine")
     (model_dir / "repro-notes").mkdir()
@@ -186,7 +219,7 @@ def test_running_a_bundle_or_ones_own_tests_never_deletes_a_bundle(fake_repo: py
     assert (bundle / "case.json").is_file() and (model_dir / "report.md").is_file()
 
 
-INTERRUPTING_MODELS = '''
+INTERRUPTING_MODELS = """
 def good():
     import torch
     from maskcheck.reference_models import PRESETS, Transformer
@@ -196,7 +229,7 @@ def good():
 
 def interrupted():
     raise KeyboardInterrupt  # Ctrl-C while the second model loads
-'''
+"""
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "-x"])
@@ -210,8 +243,17 @@ def test_an_interrupted_run_is_never_complete(pytester: pytest.Pytester, stop: s
         pytester.makepyfile(models=MODELS)
         first, second, extra = "buggy", "good", ["-x"]
     result = pytester.runpytest_subprocess(
-        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "padding,causal",
-        "--maskcheck-model", f"module:models:{first}", "--maskcheck-model", f"module:models:{second}", *extra,
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "--maskcheck-suites",
+        "padding,causal",
+        "--maskcheck-model",
+        f"module:models:{first}",
+        "--maskcheck-model",
+        f"module:models:{second}",
+        *extra,
     )
     report = json.loads((pytester.path / "maskcheck-report" / f"module_models_{first}" / "report.json").read_text())
     assert report["complete"] is False, result.stdout.str()[-2000:]
@@ -223,7 +265,10 @@ def test_an_interrupted_run_is_never_complete(pytester: pytest.Pytester, stop: s
 
 def test_invalid_settings_are_one_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    pytester.makefile(".toml", pyproject='[tool.pytest.ini_options]\nmaskcheck_models = "ref:tiny-decoder"\nmaskcheck_profile = "fast"\n')
+    pytester.makefile(
+        ".toml",
+        pyproject='[tool.pytest.ini_options]\nmaskcheck_models = "ref:tiny-decoder"\nmaskcheck_profile = "fast"\n',
+    )
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = result.stderr.str()
@@ -233,19 +278,21 @@ def test_invalid_settings_are_one_usage_error(pytester: pytest.Pytester) -> None
 
 def test_a_misspelt_suite_gets_a_suggestion(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-p", "no:xdist", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "causl")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "causl"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "causl (did you mean causal?)" in result.stderr.str()
 
 
 def test_a_helper_failure_prints_once(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)  # under CI, pytest's summary line repeats the whole message
     pytester.makepyfile(
-        test_mine='''
+        test_mine="""
 from maskcheck import maskcheck_tests
 from maskcheck.reference_models.mutants import build
 
 test_buggy = maskcheck_tests(lambda: build("causal_sees_next_token"), suites=["causal"], name="buggy", profile="dev")
-'''
+"""
     )
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
     out = result.stdout.str()
@@ -253,7 +300,7 @@ test_buggy = maskcheck_tests(lambda: build("causal_sees_next_token"), suites=["c
     assert "During handling of the above exception" not in out and out.count("maskcheck causal on buggy: FAIL") == 1
 
 
-THREADS_CONFTEST = '''
+THREADS_CONFTEST = """
 import os
 from pathlib import Path
 
@@ -262,11 +309,13 @@ def pytest_runtest_teardown(item):
     if "maskcheck" in item.keywords:  # a worker that ran an audit: what it left torch with
         import torch
         Path("threads-%s.txt" % os.environ.get("PYTEST_XDIST_WORKER", "main")).write_text(str(torch.get_num_threads()))
-'''
+"""
 
 
 @pytest.mark.parametrize("setting, expected", [("auto", "share"), ("keep", "default"), ("1", "1")])
-def test_each_worker_takes_a_fair_share_of_threads(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str, expected: str) -> None:
+def test_each_worker_takes_a_fair_share_of_threads(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str, expected: str
+) -> None:
     import subprocess
     import sys
 
@@ -279,15 +328,31 @@ def test_each_worker_takes_a_fair_share_of_threads(pytester: pytest.Pytester, mo
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     pytester.makeconftest(THREADS_CONFTEST)
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "causal,padding", "--maskcheck-threads", setting)
+    result = pytester.runpytest_subprocess(
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+        "--maskcheck-model",
+        "ref:tiny-decoder",
+        "--maskcheck-suites",
+        "causal,padding",
+        "--maskcheck-threads",
+        setting,
+    )
     assert outcomes(result) == {"passed": 3}, result.stdout.str()[-2000:]
     seen = {path.read_text() for path in pytester.path.glob("threads-gw*.txt")}
-    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, check=True).stdout.strip()
+    default = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     want = {"share": str(fair_share(cores, 2)), "default": default, "1": "1"}[expected]
     assert seen == {want}, (seen, want)
 
 
-COLLATOR_PYPROJECT = '''
+COLLATOR_PYPROJECT = """
 [tool.pytest.ini_options]
 addopts = "-p no:cacheprovider --strict-markers"
 
@@ -296,7 +361,7 @@ collators = [
     "maskcheck.reference_models.collator_mutants:masks_every_eos",
     {factory = "maskcheck.reference_models.collator_mutants:positions_not_restarted", task = "packed"},
 ]
-'''
+"""
 
 GRADIENT_TEST = """
 import maskcheck
@@ -313,13 +378,18 @@ def test_my_training_loop_normalises_by_all_targets():
 """
 
 
-def test_configured_collators_are_tests_and_the_gradient_helper_fails_a_wrong_normaliser(pytester: pytest.Pytester) -> None:
+def test_configured_collators_are_tests_and_the_gradient_helper_fails_a_wrong_normaliser(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makefile(".toml", pyproject=COLLATOR_PYPROJECT)
     pytester.makepyfile(test_training=GRADIENT_TEST)
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
     assert outcomes(result) == {"failed": 3}
     output = result.stdout.str()
-    assert "FAILED maskcheck::test_maskcheck_collator[causal-lm-maskcheck.reference_models.collator_mutants:masks_every_eos]" in output
+    assert (
+        "FAILED maskcheck::test_maskcheck_collator[causal-lm-maskcheck.reference_models.collator_mutants:masks_every_eos]"
+        in output
+    )
     assert "target_labels: FAIL: labels are -100 at 1 real EOS token(s)" in output
     assert "positions_restart: FAIL: position ids do not restart" in output
     assert "AssertionError: accumulated gradients differ from the whole batch's" in output

@@ -10,8 +10,8 @@ import torch
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.harness.cli import main
 from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
+from maskcheck.harness.cli import main
 from maskcheck.harness.engine.suite import ProbeError
 from maskcheck.suites.probes import run_lost_in_the_middle, run_needle
 from maskcheck.suites.probes.haystacks import Sample, Templates, TextHaystack, word_list
@@ -61,13 +61,47 @@ def test_lengths_beyond_training_are_flagged(shipped) -> None:  # type: ignore[n
 
 
 def test_cli_probe_writes_grid_and_picture(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["probe", "needle", "ref:kv-retrieval", "--lengths", "16,32", "--depths", "3", "--samples", "2", "--report", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "needle",
+                "ref:kv-retrieval",
+                "--lengths",
+                "16,32",
+                "--depths",
+                "3",
+                "--samples",
+                "2",
+                "--report",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "effective length 32" in out
     grid = json.loads((tmp_path / "needle.json").read_text())
     assert set(grid["grid"]) == {f"{length}/{depth:g}" for length in (16, 32) for depth in (0, 0.5, 1)}
     assert (tmp_path / "needle.png").stat().st_size > 5000
-    assert main(["probe", "lost-in-the-middle", "ref:kv-retrieval", "--samples", "2", "--report", str(tmp_path), "--override", "sliding_window=8", "--override", "attention_sinks=4"]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                "lost-in-the-middle",
+                "ref:kv-retrieval",
+                "--samples",
+                "2",
+                "--report",
+                str(tmp_path),
+                "--override",
+                "sliding_window=8",
+                "--override",
+                "attention_sinks=4",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "lost-in-the-middle.png").stat().st_size > 5000
     assert "edge vs middle 1.00" in capsys.readouterr().out
 
@@ -108,12 +142,19 @@ def hf_with_tokenizer():  # type: ignore[no-untyped-def]
     from maskcheck.reference_models.hf_tiny import tiny_config
 
     words = word_list()
-    corpus = [" ".join(words[i : i + 12]).capitalize() + ". The special magic number for a-b is 12345." for i in range(0, len(words), 12)]
+    corpus = [
+        " ".join(words[i : i + 12]).capitalize() + ". The special magic number for a-b is 12345."
+        for i in range(0, len(words), 12)
+    ]
     corpus += ["What is the special magic number? 0123456789 -"]
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=160, special_tokens=["<pad>", "<s>", "</s>", "<unk>"]))
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    tokenizer.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=160, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
     config = tiny_config("llama")
     config.vocab_size = len(wrapped)
     torch.manual_seed(0)
@@ -152,7 +193,9 @@ def test_teacher_forced_is_greedy_agrees_with_real_greedy_generation(hf_with_tok
         sample = haystack.needle(60, 0.5, seed)
         generated = greedy_answer(hf_with_tokenizer, sample.prompt, len(sample.answer))
         with torch.no_grad():
-            reference = hf_with_tokenizer.model.generate(sample.prompt[None], max_new_tokens=len(sample.answer), do_sample=False)[0, len(sample.prompt) :]
+            reference = hf_with_tokenizer.model.generate(
+                sample.prompt[None], max_new_tokens=len(sample.answer), do_sample=False
+            )[0, len(sample.prompt) :]
         assert generated.tolist() == reference.tolist()  # the adapter's cache decodes as generate() does
         # The model's own continuation is greedy by construction; a changed last token is not.
         own = Sample(sample.prompt, sample.closed_book, generated, sample.distractors, sample.needle)
@@ -161,7 +204,9 @@ def test_teacher_forced_is_greedy_agrees_with_real_greedy_generation(hf_with_tok
         other = Sample(sample.prompt, sample.closed_book, changed, sample.distractors, sample.needle)
         agreements += [score(hf_with_tokenizer, own).is_greedy, not score(hf_with_tokenizer, other).is_greedy]
         # And for the real value: is_greedy exactly when generation reproduces it.
-        assert score(hf_with_tokenizer, sample).is_greedy == (greedy_answer(hf_with_tokenizer, sample.prompt, len(sample.answer)).tolist() == sample.answer.tolist())
+        assert score(hf_with_tokenizer, sample).is_greedy == (
+            greedy_answer(hf_with_tokenizer, sample.prompt, len(sample.answer)).tolist() == sample.answer.tolist()
+        )
     assert all(agreements)
 
 
@@ -190,7 +235,10 @@ def test_shipped_model_generation_matches_teacher_forcing(shipped) -> None:  # t
 
 
 def test_cli_audit_runs_probes_after_the_suites(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["audit", "ref:kv-retrieval", "--suites", "causal", "--probes", "needle", "--report", str(tmp_path), "-q"]) == 0
+    assert (
+        main(["audit", "ref:kv-retrieval", "--suites", "causal", "--probes", "needle", "--report", str(tmp_path), "-q"])
+        == 0
+    )
     assert "probe needle: accuracy" in capsys.readouterr().out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["probes"][0]["name"] == "needle" and Path(report["probes"][0]["grid"]).is_file()

@@ -42,7 +42,9 @@ OPTION_SETS = [
     dict(norm_layout="post", final_norm=False, norm="rmsnorm", position="learned", n_kv_heads=2, token_shift=True),
     dict(norm_layout="pre", final_norm=False, norm="rmsnorm", position="alibi", n_kv_heads=1, token_shift=False),
     dict(norm_layout="post", final_norm=True, norm="layernorm", position="sinusoidal", n_kv_heads=1, token_shift=True),
-    dict(norm_layout="pre", final_norm=True, norm="rmsnorm", position="sinusoidal", n_kv_heads=2, norm_unit_offset=True),
+    dict(
+        norm_layout="pre", final_norm=True, norm="rmsnorm", position="sinusoidal", n_kv_heads=2, norm_unit_offset=True
+    ),
     dict(norm_layout="post", final_norm=True, norm="rmsnorm", position="alibi", n_kv_heads=None, token_shift=True),
 ]
 FAMILIES = ["decoder", "encoder", "encoder_decoder"]
@@ -118,7 +120,10 @@ def test_position_helpers() -> None:
     assert positions_from_segments(segments).tolist() == [[0, 1, 0, 1, 2, 0]]
 
 
-CACHED = [c for c in VARIANTS if c.family != "encoder"] + [ModelConfig(sliding_window=3, n_layers=2), ModelConfig(sliding_window=2, position="alibi")]
+CACHED = [c for c in VARIANTS if c.family != "encoder"] + [
+    ModelConfig(sliding_window=3, n_layers=2),
+    ModelConfig(sliding_window=2, position="alibi"),
+]
 
 
 @pytest.mark.parametrize("config", CACHED, ids=variant_id)
@@ -132,7 +137,9 @@ def test_kv_cache_equals_full_forward_with_left_padding(config: ModelConfig) -> 
 
     def run(tokens, m, pos, cache=None):  # type: ignore[no-untyped-def]
         if config.family == "encoder_decoder":
-            return model(source, decoder_input_ids=tokens, decoder_attention_mask=m, decoder_position_ids=pos, cache=cache)
+            return model(
+                source, decoder_input_ids=tokens, decoder_attention_mask=m, decoder_position_ids=pos, cache=cache
+            )
         return model(tokens, m, pos, cache=cache)
 
     full = run(x, mask, positions).logits
@@ -168,7 +175,9 @@ def test_checkpoint_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def
 
 
 @pytest.mark.parametrize(
-    "change", [dict(norm_layout="post"), dict(final_norm=False), dict(norm="rmsnorm"), dict(position="learned")], ids=str
+    "change",
+    [dict(norm_layout="post"), dict(final_norm=False), dict(norm="rmsnorm"), dict(position="learned")],
+    ids=str,
 )
 def test_loading_into_another_architecture_is_refused(tmp_path, change: dict) -> None:  # type: ignore[no-untyped-def]
     path = save_checkpoint(build(ModelConfig()), tmp_path / "model.safetensors")
@@ -184,7 +193,9 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path) -> None:  # type: ignor
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("name", ["tiny-decoder-gqa", "tiny-encoder", "tiny-encoder-decoder", "tiny-decoder-sinusoidal-shift"])
+@pytest.mark.parametrize(
+    "name", ["tiny-decoder-gqa", "tiny-encoder", "tiny-encoder-decoder", "tiny-decoder-sinusoidal-shift"]
+)
 def test_memory_estimate_matches_real_tensors(name: str) -> None:
     config = PRESETS[name]
     model = build(config)
@@ -216,5 +227,7 @@ def test_memory_estimate_matches_real_tensors(name: str) -> None:
     assert ffn[-1].numel() * ffn[-1].element_size() == estimate.ffn_activations
     if config.family != "encoder":
         cache = out.cache
-        cached = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(cache.keys, cache.values))
+        cached = sum(
+            k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(cache.keys, cache.values)
+        )
         assert cached == estimate.kv_cache

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from maskcheck import audit
 from maskcheck.harness.adapters.base import Capabilities
 from maskcheck.harness.adapters.module import ModuleAdapter
-from maskcheck.harness.cli import main
 from maskcheck.harness.adapters.specs import LoadOptions, SpecError, load_adapter, parse_spec
+from maskcheck.harness.cli import main
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.hf_tiny import tiny_model
 
@@ -91,11 +91,17 @@ def test_corrupt_and_unsupported_checkpoints_are_one_line_errors(tmp_path: Path,
         (lambda ids, mask: torch.zeros(ids.shape[0], 8), "error", "expected [B, T, V]"),  # wrong shape
         (lambda ids, mask: torch.full((*ids.shape, 8), float("inf")), "fail", "NaN/inf"),
         (lambda ids, mask: (_ for _ in ()).throw(ValueError("bad input")), "error", "bad input"),
-        (lambda ids, mask: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")), "error", "lower the batch size"),
+        (
+            lambda ids, mask: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")),
+            "error",
+            "lower the batch size",
+        ),
     ],
 )
 def test_a_misbehaving_model_gets_a_verdict_and_the_audit_goes_on(forward, status: str, words: str) -> None:  # type: ignore[no-untyped-def]
-    result = audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding", "packing"])
+    result = audit(
+        ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding", "packing"]
+    )
     first = result.suites[0]
     assert first.status == status, [(c.name, c.status, c.message) for c in first.checks]
     assert any(words in c.message for c in first.checks)
@@ -127,13 +133,18 @@ def test_a_cache_path_that_returns_mixed_rows_fails_kv_cache_while_a_wrong_shape
         def _step(self, state, tokens, attention_mask):  # type: ignore[no-untyped-def]
             logits, state = super()._step(state, tokens, attention_mask)
             rows = logits.shape[0]
-            return logits[None, :, -1].expand(rows, rows, -1) if tokens.shape[1] == 1 else logits, state  # [B, B, V]: right for one row
+            return logits[None, :, -1].expand(rows, rows, -1) if tokens.shape[
+                1
+            ] == 1 else logits, state  # [B, B, V]: right for one row
 
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny-decoder"])
     checks = {c.name: c for c in audit(RowMixing(model), ["kv_cache"]).suite("kv_cache").checks}
     for check in checks.values():
-        assert check.status == "fail" and "the full forward of this case's rows (no cache) returns the right shape" in check.message, check.message
+        assert (
+            check.status == "fail"
+            and "the full forward of this case's rows (no cache) returns the right shape" in check.message
+        ), check.message
 
     class WrongEverywhere(RowMixing):
         def _logits(self, batch):  # type: ignore[no-untyped-def]
@@ -157,14 +168,28 @@ def test_ctrl_c_keeps_the_verdicts_that_finished(tmp_path: Path) -> None:
         "    return ModuleAdapter(forward, Capabilities(family='decoder', vocab_size=8))\n"
     )
     completed = subprocess.run(
-        [sys.executable, "-m", "maskcheck", "audit", "module:interrupting:build", "--suites", "causal,padding,loss_masking", "--json", "r.json", "-q"],
+        [
+            sys.executable,
+            "-m",
+            "maskcheck",
+            "audit",
+            "module:interrupting:build",
+            "--suites",
+            "causal,padding,loss_masking",
+            "--json",
+            "r.json",
+            "-q",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert completed.returncode == 130, completed.stderr
-    assert "interrupted; the suites that finished are in r.json" in completed.stderr and "Traceback" not in completed.stderr
+    assert (
+        "interrupted; the suites that finished are in r.json" in completed.stderr
+        and "Traceback" not in completed.stderr
+    )
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["complete"] is False
     assert [s["name"] for s in report["suites"]] == ["causal"] and report["not_run"] == ["padding", "loss_masking"]
@@ -185,9 +210,21 @@ def test_parallel_plugin_run_gives_the_serial_verdicts(pytester: pytest.Pytester
     verdicts = []
     for args in (["-p", "no:xdist"], ["-n", "2"]):
         report_dir = f"report-{len(verdicts)}"
-        pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider", "--maskcheck-model", "mutant:kv_cache_appended_twice", "--maskcheck-suites", "kv_cache,padding,causal", "--maskcheck-report-dir", report_dir)
+        pytester.runpytest_subprocess(
+            *args,
+            "-p",
+            "no:cacheprovider",
+            "--maskcheck-model",
+            "mutant:kv_cache_appended_twice",
+            "--maskcheck-suites",
+            "kv_cache,padding,causal",
+            "--maskcheck-report-dir",
+            report_dir,
+        )
         report = json.loads((pytester.path / report_dir / "mutant_kv_cache_appended_twice" / "report.json").read_text())
-        verdicts.append(sorted((s["name"], c["name"], c["status"], c["message"]) for s in report["suites"] for c in s["checks"]))
+        verdicts.append(
+            sorted((s["name"], c["name"], c["status"], c["message"]) for s in report["suites"] for c in s["checks"])
+        )
     assert verdicts[0] == verdicts[1]
 
 

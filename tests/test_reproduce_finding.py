@@ -71,7 +71,9 @@ def test_a_same_shape_difference_that_shrinks_in_float64_is_rounding(script: Mod
     assert script.remeasured_in_float64(torch.nn.Linear(1, 1), same_shape, "causal-lm", in_float32)[1] is False
 
 
-def test_a_model_that_refuses_float64_keeps_its_float32_result(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_model_that_refuses_float64_keeps_its_float32_result(
+    script: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     def refuses(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         if next(model.parameters()).dtype == torch.float64:
             raise RuntimeError("Expected mat_a to be Float32, got Double")

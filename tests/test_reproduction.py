@@ -40,14 +40,18 @@ def test_every_seeded_bug_writes_a_complete_bundle(bundles: dict[str, Path]) -> 
     for name, path in bundles.items():
         mutant = MUTANTS[name]
         assert path.name == f"repro-{mutant.suite}"
-        assert sorted(p.name for p in path.iterdir()) == sorted(["case.json", "inputs.safetensors", f"test_repro_{mutant.suite}.py"])
+        assert sorted(p.name for p in path.iterdir()) == sorted(
+            ["case.json", "inputs.safetensors", f"test_repro_{mutant.suite}.py"]
+        )
         data = load_bundle(path)
         assert data["model"]["spec"] == f"mutant:{name}"
         assert mutant.check in [c["check"] for c in data["checks"]]
         record = next(c for c in data["checks"] if c["check"] == mutant.check)
         assert record["inputs"], "the tensors the model received are recorded"
         assert record["outcome"]["max_diff"] > record["outcome"]["threshold"] or record["outcome"]["status"] == "fail"
-        assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "no half-written staging directory is left"
+        assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], (
+            "no half-written staging directory is left"
+        )
 
 
 def test_standalone_reproduction_files_fail_under_plain_pytest(bundles: dict[str, Path], tmp_path: Path) -> None:
@@ -58,7 +62,19 @@ def test_standalone_reproduction_files_fail_under_plain_pytest(bundles: dict[str
         shutil.copytree(path, tmp_path / name)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib", "-rf", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--import-mode=importlib",
+            "-rf",
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -85,7 +101,10 @@ def test_replay_cli_reports_the_verdict(bundles: dict[str, Path], capsys) -> Non
     path = bundles["kv_cache_chunk_sees_its_future"]
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "kv_cache/incremental on mutant:kv_cache_chunk_sees_its_future: FAIL: cached decoding (prefill 1, then steps of 2)" in out
+    assert (
+        "kv_cache/incremental on mutant:kv_cache_chunk_sees_its_future: FAIL: cached decoding (prefill 1, then steps of 2)"
+        in out
+    )
     assert main(["replay", str(path), "--model", "ref:tiny-decoder"]) == 0
     assert "kv_cache/incremental on ref:tiny-decoder: PASS" in capsys.readouterr().out
 
@@ -95,7 +114,12 @@ def test_replay_says_when_the_weights_changed(tmp_path: Path) -> None:
     checkpoint = save_checkpoint(Transformer(ModelConfig()), tmp_path / "model.safetensors")
     from maskcheck.harness.adapters.specs import LoadOptions
 
-    result = audit(f"ref:{checkpoint}", ["norm_checkpoint"], options=LoadOptions(overrides={"norm_layout": "post"}), bundle_dir=tmp_path / "report")
+    result = audit(
+        f"ref:{checkpoint}",
+        ["norm_checkpoint"],
+        options=LoadOptions(overrides={"norm_layout": "post"}),
+        bundle_dir=tmp_path / "report",
+    )
     bundle = Path(result.suite("norm_checkpoint").reproduction)
     data = load_bundle(bundle)
     assert data["model"]["spec"] == f"ref:{checkpoint}" and data["model"]["overrides"] == {"norm_layout": "post"}
@@ -147,7 +171,13 @@ def test_examples_replace_the_profile_count_and_seed_keeps_runs_identical() -> N
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+)
 def test_bundle_loader_rejects_malformed_json_with_a_bundle_error(tmp_path_factory, value) -> None:  # type: ignore[no-untyped-def]
     directory = tmp_path_factory.mktemp("fuzz")
     (directory / "case.json").write_text(json.dumps(value))
@@ -191,7 +221,11 @@ def run_bundle(bundle: Path, where: Path) -> subprocess.CompletedProcess:  # typ
     """The bundle's test file under plain pytest, from ``where`` (not the audit's directory)."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(bundle)],
-        cwd=where, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
 
 
@@ -233,7 +267,9 @@ def pytest_maskcheck_models(config):
 """
 
 
-def test_hook_models_replay_by_name_and_a_closure_says_what_to_do(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hook_models_replay_by_name_and_a_closure_says_what_to_do(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CI", raising=False)  # under CI, pytest's summary line repeats the whole message
     pytester.makeconftest(HOOK_CONFTEST)
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-suites", "padding")

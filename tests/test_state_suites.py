@@ -66,7 +66,9 @@ def test_hugging_face_packing_is_safe_only_with_use_cache_false_and_no_mask(name
         assert checks[name_].status == "pass", statuses_of(suite)
     message = checks["settings"].message
     assert checks["settings"].status == "warn"
-    assert message.startswith("packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False.")
+    assert message.startswith(
+        "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
+    )
     assert "use_cache left at its default" in message and "attention_mask of ones" in message
 
 
@@ -138,7 +140,12 @@ TestCacheMachine.settings = settings(max_examples=15, stateful_step_count=6, dea
 # -- norm_checkpoint on trained weights ---------------------------------------------------------
 
 TRAINED = {
-    layout: TrainingRun(ModelConfig(norm_layout=layout, final_norm=layout == "pre", token_shift=True, d_model=64), "copy_spans", steps=700, seed=0)
+    layout: TrainingRun(
+        ModelConfig(norm_layout=layout, final_norm=layout == "pre", token_shift=True, d_model=64),
+        "copy_spans",
+        steps=700,
+        seed=0,
+    )
     for layout in ("pre", "post")
 }
 
@@ -200,9 +207,17 @@ def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkp
 
 def test_override_forcing_another_layout_fails_with_every_kind_of_evidence(trained_checkpoints) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", norm_layout="post")
-    assert {n: c.status for n, c in checks.items()} == {"load": "not_applicable", "metadata": "fail", "fingerprint": "fail", "behaviour": "fail"}
+    assert {n: c.status for n, c in checks.items()} == {
+        "load": "not_applicable",
+        "metadata": "fail",
+        "fingerprint": "fail",
+        "behaviour": "fail",
+    }
     assert "norm_layout: trained with 'pre', running with 'post'" in checks["metadata"].message
-    assert "recorded layout: norm_layout=pre" in checks["fingerprint"].message and "running: norm_layout=post" in checks["fingerprint"].message
+    assert (
+        "recorded layout: norm_layout=pre" in checks["fingerprint"].message
+        and "running: norm_layout=post" in checks["fingerprint"].message
+    )
     assert checks["behaviour"].message.startswith("the weights fit norm_layout=pre")
 
 
@@ -211,7 +226,9 @@ def test_position_scheme_mismatch_is_caught(trained_checkpoints) -> None:  # typ
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", position="learned")
     assert "position: trained with 'rotary', running with 'learned'" in checks["metadata"].message
     assert checks["fingerprint"].status == "fail"
-    assert checks["behaviour"].status == "fail" and checks["behaviour"].message.startswith("the weights fit position=rotary")
+    assert checks["behaviour"].status == "fail" and checks["behaviour"].message.startswith(
+        "the weights fit position=rotary"
+    )
 
 
 def test_untrained_weights_are_inconclusive(tmp_path: Path) -> None:
@@ -237,7 +254,9 @@ def test_a_hugging_face_model_object_has_behaviour_evidence_only() -> None:
     assert checks["behaviour"].status == "warn" and checks["behaviour"].message.startswith("inconclusive")
 
 
-@pytest.mark.parametrize("field,value", [("final_norm", "false"), ("norm", "rmsnorm"), ("position", "alibi"), ("norm_layout", "post")])
+@pytest.mark.parametrize(
+    "field,value", [("final_norm", "false"), ("norm", "rmsnorm"), ("position", "alibi"), ("norm_layout", "post")]
+)
 def test_every_forced_layout_field_fails_metadata_and_fingerprint(trained_checkpoints, field: str, value: str) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", **{field: value})
     assert checks["metadata"].status == "fail" and f"{field}: trained with" in checks["metadata"].message

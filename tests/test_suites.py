@@ -15,7 +15,12 @@ NEVER_FAILING = {"pass", "warn", "not_applicable"}
 
 
 def failures(result) -> list[str]:  # type: ignore[no-untyped-def]
-    return [f"{s.name}/{c.name}: {c.status}: {c.message}" for s in result.suites for c in s.checks if c.status not in NEVER_FAILING]
+    return [
+        f"{s.name}/{c.name}: {c.status}: {c.message}"
+        for s in result.suites
+        for c in s.checks
+        if c.status not in NEVER_FAILING
+    ]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -57,13 +62,17 @@ def test_every_seeded_bug_fails_its_suite_for_the_right_reason(name: str) -> Non
     assert result.exit_code == 1
 
 
-@pytest.mark.parametrize("name", [n for n, m in sorted(MUTANTS.items()) if m.check not in ("declared_pattern", "layer_windows", "behaviour")])
+@pytest.mark.parametrize(
+    "name", [n for n, m in sorted(MUTANTS.items()) if m.check not in ("declared_pattern", "layer_windows", "behaviour")]
+)
 def test_failures_shrink_to_a_minimal_case(name: str) -> None:
     """A leak shrinks to one row of at most four tokens (the pattern checks measure at a
     fixed length: the declared pattern's, or a layer's real window; a layout's behaviour is
     scored on one fixed probe, no drawn case)."""
     mutant = MUTANTS[name]
-    check = next(c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check)
+    check = next(
+        c for c in audit(f"mutant:{name}", [mutant.suite]).suite(mutant.suite).checks if c.name == mutant.check
+    )
     case = check.case
     assert case is not None
     if "segment_lengths" in case:  # packing: two sequences of at most 2 tokens in one row
@@ -91,7 +100,11 @@ def test_failure_message_prints_measured_floor_and_threshold() -> None:
 
 
 def test_declared_sliding_window_is_enforced() -> None:
-    check = next(c for c in audit("mutant:causal_window_ignored", ["causal"]).suite("causal").checks if c.name == "declared_pattern")
+    check = next(
+        c
+        for c in audit("mutant:causal_window_ignored", ["causal"]).suite("causal").checks
+        if c.name == "declared_pattern"
+    )
     assert "sliding window W=3 over L=2 layers (reach 4)" in check.message
     # [output, input] pairs: only inputs further back than the reach (4) are leaks.
     assert check.positions_label == "output, input"
@@ -122,7 +135,10 @@ def test_nan_at_a_compared_position_fails() -> None:
         logits = torch.randn(*ids.shape, 8, generator=torch.Generator().manual_seed(0))
         return logits + (0.0 if mask is None or bool(mask.all()) else float("nan"))
 
-    result = audit(ModuleAdapter(nan_when_padded, Capabilities(family="encoder", vocab_size=8, attention="bidirectional")), ["padding"])
+    result = audit(
+        ModuleAdapter(nan_when_padded, Capabilities(family="encoder", vocab_size=8, attention="bidirectional")),
+        ["padding"],
+    )
     checks = {c.name: c for c in result.suite("padding").checks}
     # Every check that runs a padded row sees NaN there: none may pass, whatever its floor
     # (a NaN repeat floor once made the threshold inf and padded_vs_unpadded passed).
@@ -134,7 +150,13 @@ def test_nan_at_a_compared_position_fails() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_no_false_positives_across_seeds(seed: int) -> None:
     suites = [*MASK_SUITES, "packing", "kv_cache"]
-    for preset in ("tiny-decoder-gqa", "tiny-decoder-mqa-alibi", "tiny-decoder-sliding", "tiny-encoder", "tiny-encoder-decoder-rotary"):
+    for preset in (
+        "tiny-decoder-gqa",
+        "tiny-decoder-mqa-alibi",
+        "tiny-decoder-sliding",
+        "tiny-encoder",
+        "tiny-encoder-decoder-rotary",
+    ):
         result = audit(f"ref:{preset}", suites, seed=seed)
         assert not failures(result), (preset, failures(result))
     for name in ("llama", "mistral", "gpt2", "bert", "t5"):
@@ -143,8 +165,8 @@ def test_no_false_positives_across_seeds(seed: int) -> None:
 
 
 def leak_cells(spec: str, suite_name: str) -> tuple[set[tuple[int, int]], int]:
-    from maskcheck.harness.engine.registry import load_suite
     from maskcheck.harness.adapters.specs import load_adapter
+    from maskcheck.harness.engine.registry import load_suite
     from maskcheck.harness.engine.suite import RunContext
     from maskcheck.harness.engine.tolerance import tolerance_for
 
@@ -170,13 +192,28 @@ def test_effective_mask_marks_exactly_the_cells_each_seeded_bug_leaks() -> None:
     cells, _ = leak_cells("mutant:cross_attention_unmasked", "cross_attention")
     assert cells == {(i, j) for i in range(4) for j in (6, 7)}
     assert leak_cells("ref:tiny-encoder-decoder", "cross_attention")[0] == set()
-    assert leak_cells("ref:tiny-decoder", "causal")[0] == set() and leak_cells("ref:tiny-encoder", "padding")[0] == set()
+    assert (
+        leak_cells("ref:tiny-decoder", "causal")[0] == set() and leak_cells("ref:tiny-encoder", "padding")[0] == set()
+    )
 
 
 def test_report_directory_gets_the_picture_of_every_mask_suite_that_ran(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from maskcheck.harness.cli import main
 
-    assert main(["audit", "mutant:padding_mask_ignored", "--suites", "padding,causal,kv_cache", "-q", "--report", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "audit",
+                "mutant:padding_mask_ignored",
+                "--suites",
+                "padding,causal,kv_cache",
+                "-q",
+                "--report",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert (tmp_path / "padding-effective-mask.png").stat().st_size > 1000
     # A passing mask suite gets its picture too; a suite with no mask picture (kv_cache) none.
     assert (tmp_path / "causal-effective-mask.png").stat().st_size > 1000
@@ -201,8 +238,20 @@ def test_pictures_of_a_nan_model_and_of_a_batch_dependent_failure_say_so(tmp_pat
     plt.Figure.suptitle = lambda self, text, **kw: captions.append(text) or original(self, text, **kw)  # type: ignore[method-assign]
     try:
         expected = torch.ones(3, 3, dtype=torch.bool).tril()
-        clean = Influence(torch.zeros(3, 3, dtype=torch.float64), 0.0, 1e-6, torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
-        nan = Influence(torch.full((3, 3), float("nan"), dtype=torch.float64), float("nan"), float("inf"), torch.ones(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool))
+        clean = Influence(
+            torch.zeros(3, 3, dtype=torch.float64),
+            0.0,
+            1e-6,
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.bool),
+        )
+        nan = Influence(
+            torch.full((3, 3), float("nan"), dtype=torch.float64),
+            float("nan"),
+            float("inf"),
+            torch.ones(3, dtype=torch.bool),
+            torch.ones(3, dtype=torch.bool),
+        )
         draw_effective_mask(nan, expected, tmp_path / "nan.png", "nan model", failed=True)
         draw_effective_mask(clean, expected, tmp_path / "batch.png", "batch-dependent", failed=True)
         draw_effective_mask(clean, expected, tmp_path / "pass.png", "passing")
@@ -239,7 +288,9 @@ def test_the_picture_labels_padded_rows_and_columns(tmp_path) -> None:  # type: 
     ("decay", "words"),
     [(0.0, "nothing farther moves at all: an undeclared window"), (0.05, "below the threshold but not zero")],
 )
-def test_influence_that_stops_short_is_called_a_window_only_when_nothing_farther_moves(decay: float, words: str) -> None:
+def test_influence_that_stops_short_is_called_a_window_only_when_nothing_farther_moves(
+    decay: float, words: str
+) -> None:
     """A recurrence ``state = decay * state + embedding``: with decay 0 each output reads its own
     token only (a window of one); with 0.05 older tokens still move it, by less than the threshold."""
     import torch
@@ -257,6 +308,11 @@ def test_influence_that_stops_short_is_called_a_window_only_when_nothing_farther
             out[:, t] = state
         return out
 
-    checks = {c.name: c for c in audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal"]).suite("causal").checks}
+    checks = {
+        c.name: c
+        for c in audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal"])
+        .suite("causal")
+        .checks
+    }
     assert checks["future_tokens"].status == "pass"
     assert checks["declared_pattern"].status == "warn" and words in checks["declared_pattern"].message

@@ -74,7 +74,9 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
 
     runner.run_check = recording_run_check
     try:
-        result = audit(model, suites, **({} if batch_cases else {"batch_cases": False}))  # the engine before batching had no such option
+        result = audit(
+            model, suites, **({} if batch_cases else {"batch_cases": False})
+        )  # the engine before batching had no such option
     finally:
         runner.run_check = original
     kept: dict[str, dict[str, dict[str, Any]]] = {}
@@ -93,7 +95,9 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {RECORD}")
-    parser.add_argument("--compare", action="store_true", help=f"audit every model of {RECORD.name} again; exit 1 if any differs")
+    parser.add_argument(
+        "--compare", action="store_true", help=f"audit every model of {RECORD.name} again; exit 1 if any differs"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import torch
@@ -109,7 +113,11 @@ def main() -> int:
     recorded = {}
     for label in targets():
         recorded[label] = record(label)
-        print(label, {s: sorted({v["status"] for v in checks.values()}) for s, checks in recorded[label].items()}, flush=True)
+        print(
+            label,
+            {s: sorted({v["status"] for v in checks.values()}) for s, checks in recorded[label].items()},
+            flush=True,
+        )
     if args.write:
         RECORD.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
         print(f"wrote {RECORD}")

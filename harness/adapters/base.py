@@ -138,7 +138,9 @@ def load_tensors_only(path: Any) -> Any:
         raise PickleRefused(f"{path}: refused by torch.load(weights_only=True) ({str(exc).splitlines()[0]})") from None
 
 
-OUT_OF_MEMORY = "out of memory: lower the batch size or sequence length (--examples, the dev profile, or --dtype bfloat16)"
+OUT_OF_MEMORY = (
+    "out of memory: lower the batch size or sequence length (--examples, the dev profile, or --dtype bfloat16)"
+)
 
 
 def call_model(function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -234,13 +236,17 @@ class Adapter(abc.ABC):
         with torch.inference_mode():
             out = self._loss(batch, labels)
         if not isinstance(out, Tensor) or out.numel() != 1:
-            raise AdapterError(f"the model's loss is {type(out).__name__} {getattr(out, 'shape', '')}, expected a scalar")
+            raise AdapterError(
+                f"the model's loss is {type(out).__name__} {getattr(out, 'shape', '')}, expected a scalar"
+            )
         return out.reshape(())
 
     def prefill(self, batch: Batch) -> tuple[Tensor, Any]:
         """Run the prompt; return its logits ``[B, T, V]`` and a state to continue from."""
         if not self.capabilities.has_cache:
-            raise NotImplementedError(f"{self.spec} has no cache: {self.capabilities.no_cache_reason or 'none declared'}")
+            raise NotImplementedError(
+                f"{self.spec} has no cache: {self.capabilities.no_cache_reason or 'none declared'}"
+            )
         self._check_eval()
         with torch.inference_mode():
             logits, state = self._prefill(batch)
@@ -253,7 +259,9 @@ class Adapter(abc.ABC):
         self._check_eval()
         with torch.inference_mode():
             logits, new_state = self._step(state, tokens, attention_mask)
-        return check_logits(logits, tokens.shape[0], tokens.shape[1], self.capabilities.vocab_size, "step logits"), new_state
+        return check_logits(
+            logits, tokens.shape[0], tokens.shape[1], self.capabilities.vocab_size, "step logits"
+        ), new_state
 
     def fork(self, state: Any) -> Any:
         """An independent copy of a state, for when a test branches."""
@@ -274,7 +282,11 @@ class Adapter(abc.ABC):
         packing = self.capabilities.packing
         if packing is None:
             return []
-        inputs = "segment_ids per packed sequence (positions restart per sequence)" if packing == "segment_ids" else "position_ids restarting at 0 per sequence"
+        inputs = (
+            "segment_ids per packed sequence (positions restart per sequence)"
+            if packing == "segment_ids"
+            else "position_ids restarting at 0 per sequence"
+        )
         return [(PackingSetting(packing, inputs), self)]
 
     def declared_layer_windows(self) -> list[int | None] | None:

@@ -70,11 +70,22 @@ def _class_templates() -> tuple[ClassTemplate, ...]:
 
     path = cache_directory() / f"class-templates-transformers-{transformers.__version__}.json"
     try:
-        return tuple(ClassTemplate(r["name"], frozenset(r["parameters"]), frozenset(r["head"]), r["ties_by_default"]) for r in json.loads(path.read_text()))
+        return tuple(
+            ClassTemplate(r["name"], frozenset(r["parameters"]), frozenset(r["head"]), r["ties_by_default"])
+            for r in json.loads(path.read_text())
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass
     templates = _build_class_templates()
-    rows = [{"name": t.name, "parameters": sorted(t.parameters), "head": sorted(t.head), "ties_by_default": t.ties_by_default} for t in templates]
+    rows = [
+        {
+            "name": t.name,
+            "parameters": sorted(t.parameters),
+            "head": sorted(t.head),
+            "ties_by_default": t.ties_by_default,
+        }
+        for t in templates
+    ]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         scratch = path.with_suffix(f".{os.getpid()}.tmp")

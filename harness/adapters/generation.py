@@ -61,7 +61,14 @@ class GenerationPath:
         self.ids_key = "decoder_input_ids" if encoder_decoder else "input_ids"
         self.mask_key = "decoder_attention_mask" if encoder_decoder else "attention_mask"
 
-    def prefill(self, ids: Tensor, mask: Tensor, source: Tensor | None = None, source_mask: Tensor | None = None, positions: Tensor | None = None) -> tuple[Tensor, GenerationState]:
+    def prefill(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        source: Tensor | None = None,
+        source_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> tuple[Tensor, GenerationState]:
         """``ids``/``mask [B, T]`` of the predicted side; encoder-decoders also get their source."""
         kwargs: dict[str, Any] = {"use_cache": True, self.mask_key: mask}
         if self.encoder_decoder:
@@ -75,18 +82,26 @@ class GenerationPath:
             kwargs["attention_mask"] = source_mask
         self._new_cache(kwargs, ids.shape[0], ids.shape[1])
         if self.takes_position_ids and self._generate_passes_positions(ids, mask):
-            kwargs["position_ids"] = positions if positions is not None else positions_from_mask(mask, offset=self.position_offset)
+            kwargs["position_ids"] = (
+                positions if positions is not None else positions_from_mask(mask, offset=self.position_offset)
+            )
         inputs = _every_logit(self.model.prepare_inputs_for_generation(ids, is_first_iteration=True, **kwargs))
         self._check_fed(inputs, ids.shape[1], f"a prompt of {ids.shape[1]} token(s)")
         output = call_model(self.model, **inputs, return_dict=True)
         return output.logits, GenerationState(kwargs, ids, output)
 
-    def step(self, state: GenerationState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, GenerationState]:
+    def step(
+        self, state: GenerationState, tokens: Tensor, attention_mask: Tensor | None
+    ) -> tuple[Tensor, GenerationState]:
         """Append ``tokens [B, n]`` (``attention_mask [B, n]``; None: all real)."""
         n = tokens.shape[1]
-        kwargs = self.model._update_model_kwargs_for_generation(state.output, dict(state.kwargs), is_encoder_decoder=self.encoder_decoder, num_new_tokens=n)
+        kwargs = self.model._update_model_kwargs_for_generation(
+            state.output, dict(state.kwargs), is_encoder_decoder=self.encoder_decoder, num_new_tokens=n
+        )
         if attention_mask is not None:  # the update takes every new token to be real
-            full_mask = torch.cat([state.kwargs[self.mask_key], attention_mask.to(state.kwargs[self.mask_key].dtype)], dim=1)  # [B, T + n]
+            full_mask = torch.cat(
+                [state.kwargs[self.mask_key], attention_mask.to(state.kwargs[self.mask_key].dtype)], dim=1
+            )  # [B, T + n]
             kwargs[self.mask_key] = full_mask
             if "position_ids" in kwargs:
                 kwargs["position_ids"] = positions_from_mask(full_mask, offset=self.position_offset)
@@ -111,7 +126,9 @@ class GenerationPath:
             if prompt is not None and prompt != 2:
                 return f"generate() does not feed this model its prompt as it is (prepare_inputs_for_generation turns 2 prompt tokens into {prompt}), so there is no cached decoding of a prompt to compare"
             kwargs[self.mask_key] = torch.ones(1, 3, dtype=ids.dtype, device=device)
-            later = self.model.prepare_inputs_for_generation(torch.cat([ids, ids[:, :1]], dim=1), next_sequence_length=1, **kwargs)
+            later = self.model.prepare_inputs_for_generation(
+                torch.cat([ids, ids[:, :1]], dim=1), next_sequence_length=1, **kwargs
+            )
             fed = _fed_length(later, self.ids_key)
         except Exception:  # noqa: BLE001 - a model that cannot even prepare inputs fails in the suite, with its message
             return None
@@ -127,7 +144,9 @@ class GenerationPath:
         from transformers.generation.utils import GenerationMode
 
         try:
-            self.model._prepare_cache_for_generation(GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, batch, length + 64)
+            self.model._prepare_cache_for_generation(
+                GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, batch, length + 64
+            )
         except TypeError:
             # Another signature of this private method: the model then makes its own cache on
             # the first forward, as it does when called outside generate().

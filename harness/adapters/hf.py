@@ -76,7 +76,13 @@ def infer_task(config: Any) -> Task:
             return "causal-lm"
         if architecture.endswith("ForConditionalGeneration"):
             return "seq2seq"
-    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in ("bert", "roberta", "distilbert", "albert", "electra"):
+    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in (
+        "bert",
+        "roberta",
+        "distilbert",
+        "albert",
+        "electra",
+    ):
         return "masked-lm"
     return "causal-lm"
 
@@ -159,15 +165,26 @@ def load_hf_directory(
         model = _from_pickles(_auto_class(chosen), config, pickles, kwargs)
         return model.to(device) if device is not None else model
     try:
-        model, info = _auto_class(chosen).from_pretrained(str(path), use_safetensors=True, output_loading_info=True, **kwargs)
+        model, info = _auto_class(chosen).from_pretrained(
+            str(path), use_safetensors=True, output_loading_info=True, **kwargs
+        )
     except ValueError as exc:
         raise HFLoadError(f"{path}: cannot build a {chosen} model ({str(exc).splitlines()[0]})") from None
     except Exception as exc:  # OSError, or the safetensors reader's own error for a truncated file
-        raise HFLoadError(f"{path}: cannot read the weights ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise HFLoadError(
+            f"{path}: cannot read the weights ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
     if device is not None:
         model = model.to(device)
-    mismatched = tuple(str(entry[0] if isinstance(entry, (tuple, list)) else entry) for entry in info.get("mismatched_keys", ()))
-    model.maskcheck_loading_info = LoadingInfo(str(path), tuple(sorted(info.get("missing_keys", ()))), tuple(sorted(info.get("unexpected_keys", ()))), mismatched)
+    mismatched = tuple(
+        str(entry[0] if isinstance(entry, (tuple, list)) else entry) for entry in info.get("mismatched_keys", ())
+    )
+    model.maskcheck_loading_info = LoadingInfo(
+        str(path),
+        tuple(sorted(info.get("missing_keys", ()))),
+        tuple(sorted(info.get("unexpected_keys", ()))),
+        mismatched,
+    )
     return model
 
 
@@ -253,7 +270,9 @@ def position_offset(model: Any, task: str, vocab_size: int) -> int:
     ``padding_idx + 1``). 0 when none does (the model builds its positions otherwise)."""
     if task == "seq2seq":
         return 0
-    ids = torch.tensor([[3 % vocab_size, 4 % vocab_size, 5 % vocab_size, 6 % vocab_size]], device=next(model.parameters()).device)
+    ids = torch.tensor(
+        [[3 % vocab_size, 4 % vocab_size, 5 % vocab_size, 6 % vocab_size]], device=next(model.parameters()).device
+    )
     pad = getattr(model.config, "pad_token_id", None)
     candidates = dict.fromkeys([0, *([pad + 1] if isinstance(pad, int) else []), 1, 2])
     try:
@@ -306,7 +325,9 @@ def returns_loss(model: Any, task: str, vocab_size: int) -> bool:
 
 
 class HFAdapter(Adapter):
-    def __init__(self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None
+    ) -> None:
         config = model.config
         chosen = task or _task_of_model(model)
         if chosen not in TASKS:
@@ -314,7 +335,9 @@ class HFAdapter(Adapter):
         self.task: Task = chosen  # type: ignore[assignment]
         family = FAMILY_OF_TASK[chosen]
         keywords = ForwardKeywords.of(model)
-        self.cache_keyword = "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
+        self.cache_keyword = (
+            "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
+        )
         # Whatever its cache keyword (RWKV's is ``state``), a forward that takes ``use_cache``
         # is called without a cache for a full forward: one cached forward of one token is
         # another path (RWKV's mixes the rows of a batch).
@@ -325,12 +348,18 @@ class HFAdapter(Adapter):
         #: the model's own generation methods, when it has them; None: steps built by hand
         self.generation: GenerationPath | None = None
         no_cache_reason = "an encoder (masked LM) does not decode token by token" if family == "encoder" else None
-        generates = family != "encoder" and callable(getattr(model, "generate", None)) and bool(getattr(model, "can_generate", lambda: False)())
+        generates = (
+            family != "encoder"
+            and callable(getattr(model, "generate", None))
+            and bool(getattr(model, "can_generate", lambda: False)())
+        )
         if family != "encoder" and drives_generation(model):
             if not model.can_generate():
                 no_cache_reason = "the model cannot generate() (can_generate() is False)"
             else:
-                self.generation = GenerationPath(model, family == "encoder_decoder", keywords.named("position_ids"), offset)
+                self.generation = GenerationPath(
+                    model, family == "encoder_decoder", keywords.named("position_ids"), offset
+                )
                 no_cache_reason = self.generation.feeds_only_new_tokens(vocab_size)
         elif family != "encoder" and self.cache_keyword is None:
             no_cache_reason = "the model's forward takes no cache (neither `cache` nor `past_key_values`)"
@@ -359,7 +388,8 @@ class HFAdapter(Adapter):
             generates=generates,
             has_loss=keywords.accepts("labels") and returns_loss(model, chosen, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
-            max_length=getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None),
+            max_length=getattr(text_config, "max_position_embeddings", None)
+            or getattr(text_config, "n_positions", None),
             attention=attention,  # type: ignore[arg-type]
             window=window,
             n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
@@ -387,15 +417,33 @@ class HFAdapter(Adapter):
         if getattr(self.model.config, "use_cache", False):
             defaults = copy.copy(self)
             defaults.use_cache = None
-            settings.append((PackingSetting("forward_defaults", "position_ids restarting, no attention_mask, use_cache left at its default (config.use_cache=True)", False), defaults))
+            settings.append(
+                (
+                    PackingSetting(
+                        "forward_defaults",
+                        "position_ids restarting, no attention_mask, use_cache left at its default (config.use_cache=True)",
+                        False,
+                    ),
+                    defaults,
+                )
+            )
         with_mask = copy.copy(self)
         with_mask.mask_of_ones = True
-        settings.append((PackingSetting("mask_of_ones", "position_ids restarting, attention_mask of ones, use_cache=False", False), with_mask))
+        settings.append(
+            (
+                PackingSetting(
+                    "mask_of_ones", "position_ids restarting, attention_mask of ones, use_cache=False", False
+                ),
+                with_mask,
+            )
+        )
         return settings
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation)
+        info.update(
+            task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation
+        )
         return info
 
     def layout(self) -> dict[str, Any] | None:
@@ -427,7 +475,11 @@ class HFAdapter(Adapter):
             if isinstance(weights, Tensor) and weights.dim() == 4:
                 seen[module.layer_idx] = (weights[0] > 0).any(0).cpu()  # [T, T]: read by some head
 
-        hooks = [m.register_forward_hook(keep) for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int) and type(m).__name__.endswith("Attention")]
+        hooks = [
+            m.register_forward_hook(keep)
+            for m in self.model.modules()
+            if isinstance(getattr(m, "layer_idx", None), int) and type(m).__name__.endswith("Attention")
+        ]
         previous = self.model.config._attn_implementation
         try:
             self.model.set_attn_implementation("eager")
@@ -503,7 +555,9 @@ class HFAdapter(Adapter):
         output = self._call(**inputs)
         return output.logits, HFState(self._cache_of(output), mask, mask.long().sum(-1))
 
-    def _step(self, state: HFState | GenerationState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, HFState | GenerationState]:
+    def _step(
+        self, state: HFState | GenerationState, tokens: Tensor, attention_mask: Tensor | None
+    ) -> tuple[Tensor, HFState | GenerationState]:
         if isinstance(state, GenerationState):
             assert self.generation is not None
             return self.generation.step(state, tokens, attention_mask)
@@ -521,12 +575,16 @@ class HFAdapter(Adapter):
             if self.capabilities.takes_position_ids:
                 inputs["position_ids"] = positions + self.capabilities.position_offset
         output = self._call(**inputs)
-        return output.logits, HFState(self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask)
+        return output.logits, HFState(
+            self._cache_of(output), full_mask, next_position, state.encoder_outputs, state.source_mask
+        )
 
     def _generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
         inputs: dict[str, Any] = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
         if self.task == "seq2seq":
-            inputs.update(decoder_input_ids=batch.decoder_input_ids, decoder_attention_mask=batch.decoder_attention_mask)
+            inputs.update(
+                decoder_input_ids=batch.decoder_input_ids, decoder_attention_mask=batch.decoder_attention_mask
+            )
         pad = self.capabilities.pad_token_id
         output = call_model(
             self.model.generate,
@@ -548,7 +606,9 @@ class HFAdapter(Adapter):
         # ours reaches that, and no suite forks.)
         if isinstance(state, GenerationState):
             return GenerationState(copy.deepcopy(state.kwargs), state.ids, copy.deepcopy(state.output))
-        return HFState(copy.deepcopy(state.cache), state.mask, state.next_position, state.encoder_outputs, state.source_mask)
+        return HFState(
+            copy.deepcopy(state.cache), state.mask, state.next_position, state.encoder_outputs, state.source_mask
+        )
 
 
 def _task_of_model(model: Any) -> str:

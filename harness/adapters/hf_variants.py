@@ -66,7 +66,9 @@ def final_norm(model: Any) -> tuple[Any, str] | None:
     """The module holding the final norm and its attribute name, or None."""
     base = getattr(model, "base_model", None)
     for name in FINAL_NORM_NAMES:
-        if isinstance(getattr(base, name, None), torch.nn.Module) and not isinstance(getattr(base, name), torch.nn.Identity):
+        if isinstance(getattr(base, name, None), torch.nn.Module) and not isinstance(
+            getattr(base, name), torch.nn.Identity
+        ):
             return base, name
     return None
 
@@ -115,9 +117,15 @@ def sibling_classes(model: Any) -> list[tuple[str, str]]:
     from .checkpoint_fit import classes_with_parameters, tied_names
 
     names = set(model.state_dict()) - tied_names(model)
-    type_of_class = {name: model_type for model_type, name in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if isinstance(name, str)}
+    type_of_class = {
+        name: model_type
+        for model_type, name in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
+        if isinstance(name, str)
+    }
     own = type(model).__name__
-    return [(name, type_of_class[name]) for name in classes_with_parameters(names) if name != own and name in type_of_class]
+    return [
+        (name, type_of_class[name]) for name in classes_with_parameters(names) if name != own and name in type_of_class
+    ]
 
 
 def under_class(model: Any, model_type: str, state: dict[str, Any] | None = None) -> Any:
@@ -130,11 +138,15 @@ def under_class(model: Any, model_type: str, state: dict[str, Any] | None = None
     declared = model.config.to_dict()
     try:
         defaults = transformers.AutoConfig.for_model(model_type).to_dict()
-        config = transformers.AutoConfig.for_model(model_type, **{k: declared[k] for k in KEPT_FIELDS if k in declared and k in defaults})
+        config = transformers.AutoConfig.for_model(
+            model_type, **{k: declared[k] for k in KEPT_FIELDS if k in declared and k in defaults}
+        )
     except Exception:  # noqa: BLE001 - a sibling whose config refuses these widths is no variant
         return None
     auto = transformers.AutoModelForCausalLM
-    return _rebuild(lambda c: auto.from_config(c, attn_implementation=model.config._attn_implementation), config, state, model)
+    return _rebuild(
+        lambda c: auto.from_config(c, attn_implementation=model.config._attn_implementation), config, state, model
+    )
 
 
 def _rebuild(build: Any, config: Any, state: dict[str, Any], like: Any) -> Any:

@@ -60,14 +60,22 @@ class ModuleAdapter(Adapter):
         spec: str = "<module>",
     ) -> None:
         if mask_convention not in ("keep", "ignore"):
-            raise ValueError(f"mask_convention must be 'keep' (1 = real token) or 'ignore' (True = padding), got {mask_convention!r}")
+            raise ValueError(
+                f"mask_convention must be 'keep' (1 = real token) or 'ignore' (True = padding), got {mask_convention!r}"
+            )
         if loss_fn is None and capabilities.has_loss:
             raise ValueError("has_loss=True needs loss_fn(logits, labels)")
         missing = [name for name in CACHE_METHODS if not callable(getattr(model, name, None))]
         if capabilities.has_cache and missing:
-            raise ValueError(f"has_cache=True needs the module's cache methods {', '.join(missing)}(...): see maskcheck.harness.adapters.module")
+            raise ValueError(
+                f"has_cache=True needs the module's cache methods {', '.join(missing)}(...): see maskcheck.harness.adapters.module"
+            )
         keywords = ForwardKeywords.of(model)
-        needed = {"takes_position_ids": "position_ids", "packing=position_ids": "position_ids", "packing=segment_ids": "segment_ids"}
+        needed = {
+            "takes_position_ids": "position_ids",
+            "packing=position_ids": "position_ids",
+            "packing=segment_ids": "segment_ids",
+        }
         declared = {
             "takes_position_ids": capabilities.takes_position_ids,
             "packing=position_ids": capabilities.packing == "position_ids",
@@ -75,7 +83,9 @@ class ModuleAdapter(Adapter):
         }
         for what, keyword in needed.items():
             if declared[what] and not keywords.accepts(keyword):
-                raise ValueError(f"the capabilities declare {what}, but the model's forward takes no {keyword!r} keyword to pass it in")
+                raise ValueError(
+                    f"the capabilities declare {what}, but the model's forward takes no {keyword!r} keyword to pass it in"
+                )
         super().__init__(model, capabilities)
         self.mask_convention = mask_convention
         self.loss_fn = loss_fn
@@ -88,9 +98,15 @@ class ModuleAdapter(Adapter):
     def _logits(self, batch: Batch) -> Tensor:
         args: list[Any] = [batch.input_ids]
         if self.capabilities.takes_attention_mask:
-            args.append(self._mask(batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)))
+            args.append(
+                self._mask(
+                    batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)
+                )
+            )
         keywords: dict[str, Any] = {}
-        if batch.position_ids is not None and (self.capabilities.takes_position_ids or self.capabilities.packing == "position_ids"):
+        if batch.position_ids is not None and (
+            self.capabilities.takes_position_ids or self.capabilities.packing == "position_ids"
+        ):
             keywords["position_ids"] = batch.position_ids
         if batch.segment_ids is not None and self.capabilities.packing == "segment_ids":
             keywords["segment_ids"] = batch.segment_ids

@@ -108,7 +108,9 @@ class ReferenceAdapter(Adapter):
                 except LayoutUnavailable:
                     continue
 
-    def _positions(self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None) -> Tensor | None:
+    def _positions(
+        self, ids: Tensor, mask: Tensor | None, explicit: Tensor | None, segments: Tensor | None
+    ) -> Tensor | None:
         if explicit is not None:
             return explicit
         if segments is not None:
@@ -147,7 +149,9 @@ class ReferenceAdapter(Adapter):
             mask = torch.ones_like(batch.predicted_ids)
         return out.logits, ReferenceState(out.cache, mask, mask.long().sum(-1))
 
-    def _step(self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, ReferenceState]:
+    def _step(
+        self, state: ReferenceState, tokens: Tensor, attention_mask: Tensor | None
+    ) -> tuple[Tensor, ReferenceState]:
         full_mask, positions, next_position = extend(state.mask, state.next_position, attention_mask, tokens.shape[1])
         model: Transformer = self.model
         if model.config.family == "encoder_decoder":

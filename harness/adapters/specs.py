@@ -101,7 +101,9 @@ def load_adapter(spec: str, options: LoadOptions | None = None) -> Any:
     return adapter
 
 
-def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None, dtype: Any = None, task: str | None = None) -> Any:
+def adapter_for(
+    model: Any, spec: str = "<object>", *, device: str | None = None, dtype: Any = None, task: str | None = None
+) -> Any:
     """Wrap a model object in the adapter that fits its type."""
     from .base import Adapter
 
@@ -129,7 +131,13 @@ def adapter_for(model: Any, spec: str = "<object>", *, device: str | None = None
             capabilities = Capabilities(**capabilities)
         convention = getattr(model, "maskcheck_mask_convention", "keep")
         try:
-            return ModuleAdapter(model, capabilities, mask_convention=convention, loss_fn=getattr(model, "maskcheck_loss", None), spec=spec)
+            return ModuleAdapter(
+                model,
+                capabilities,
+                mask_convention=convention,
+                loss_fn=getattr(model, "maskcheck_loss", None),
+                spec=spec,
+            )
         except ValueError as exc:  # a declared capability the module cannot take
             raise SpecError(f"{spec}: {exc}") from None
     raise SpecError(
@@ -209,7 +217,11 @@ def _reference_pickle(target: str, options: LoadOptions) -> Any:
         data = load_tensors_only(target)
     except PickleRefused as exc:
         raise SpecError(str(exc)) from None
-    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or not isinstance(data.get("state_dict"), dict):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("config"), dict)
+        or not isinstance(data.get("state_dict"), dict)
+    ):
         raise SpecError(f"{target} is not a reference checkpoint (expected a dict with 'config' and 'state_dict')")
     try:
         config = ModelConfig.from_dict(data["config"])
@@ -278,7 +290,12 @@ def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
             allow_pickle=options.allow_pickle,
             device_map=options.device_map,
         )
-        return HFAdapter(model, f"hf:{os.path.abspath(target)}", task=options.task, tokenizer=load_hf_tokenizer(target, options.trust_remote_code))
+        return HFAdapter(
+            model,
+            f"hf:{os.path.abspath(target)}",
+            task=options.task,
+            tokenizer=load_hf_tokenizer(target, options.trust_remote_code),
+        )
     except HFLoadError as exc:  # loading, or what the adapter measures on the loaded model
         raise SpecError(str(exc)) from None
 
@@ -315,7 +332,9 @@ def call_factory(target: str, scheme: str = "module") -> Any:
     beside the user's code works without installing) and return what calling it returns."""
     module_name, _, factory_name = target.partition(":")
     if not all(part.isidentifier() for part in module_name.split(".")) or not factory_name.isidentifier():
-        raise SpecError(f"{scheme} spec '{scheme}:{target}' must look like {scheme}:package.module:factory (Python names)")
+        raise SpecError(
+            f"{scheme} spec '{scheme}:{target}' must look like {scheme}:package.module:factory (Python names)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from ...suites import collator as checks_of
 from ..engine.profiles import check_profile, examples_of
-from .runner import AuditResult
 from ..engine.suite import CaseFailed, Outcome, RunContext, run_check
 from ..engine.tolerance import tolerance_for
 from ..engine.verdict import SuiteResult
+from .runner import AuditResult
 
 SUITE = "collator"
 
@@ -48,7 +48,9 @@ def vocabulary_of(collate: Any, pad_id: int | None = None, eos_id: int | None = 
         pad = 0 if pad is None else pad
         eos = 2 if eos is None else eos
     if pad is None:
-        raise CollatorError("the collator's tokenizer has no pad token: padding needs one (set tokenizer.pad_token, or pass pad_id)")
+        raise CollatorError(
+            "the collator's tokenizer has no pad token: padding needs one (set tokenizer.pad_token, or pass pad_id)"
+        )
     special = set(getattr(tokenizer, "all_special_ids", []) or []) | {pad, eos}
     size = len(tokenizer) if tokenizer is not None else 64
     ordinary = tuple(i for i in range(size) if i not in special)[:32]
@@ -57,12 +59,16 @@ def vocabulary_of(collate: Any, pad_id: int | None = None, eos_id: int | None = 
     return checks_of.Vocabulary(pad, eos, ordinary)
 
 
-def load_collator(spec: str | Callable[..., Any], pad_id: int | None = None, eos_id: int | None = None) -> CollatorTarget:
+def load_collator(
+    spec: str | Callable[..., Any], pad_id: int | None = None, eos_id: int | None = None
+) -> CollatorTarget:
     """A collator from ``collator:pkg.mod:factory`` (or ``pkg.mod:factory``), or from a collate callable itself."""
     from ..adapters.specs import SpecError, call_factory
 
     if callable(spec):
-        return CollatorTarget(getattr(spec, "__name__", type(spec).__name__), spec, vocabulary_of(spec, pad_id, eos_id), None)
+        return CollatorTarget(
+            getattr(spec, "__name__", type(spec).__name__), spec, vocabulary_of(spec, pad_id, eos_id), None
+        )
     target = spec.removeprefix("collator:")
     try:
         collate = call_factory(target, "collator")
@@ -89,7 +95,12 @@ def audit_collator(
         raise CollatorError(f"unknown collator task {task!r}; choose one of {', '.join(checks_of.TASKS)}")
     check_profile(profile)
     target = collator if isinstance(collator, CollatorTarget) else load_collator(collator, pad_id, eos_id)
-    context = RunContext(tolerance=tolerance_for("cpu", "float32"), seed=seed, examples=examples if examples is not None else examples_of(profile), profile=profile)
+    context = RunContext(
+        tolerance=tolerance_for("cpu", "float32"),
+        seed=seed,
+        examples=examples if examples is not None else examples_of(profile),
+        profile=profile,
+    )
     import platform
 
     import torch
@@ -97,9 +108,16 @@ def audit_collator(
 
     # The report schema's environment; a collator's work is on token ids on the CPU.
     environment = {
-        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "device": "cpu", "dtype": "int64", "seed": seed, "profile": profile,
-        "task": task, "pad_id": target.vocabulary.pad, "eos_id": target.vocabulary.eos,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": "cpu",
+        "dtype": "int64",
+        "seed": seed,
+        "profile": profile,
+        "task": task,
+        "pad_id": target.vocabulary.pad,
+        "eos_id": target.vocabulary.eos,
     }
     result = AuditResult(target.spec, environment, adapter={"spec": target.spec, "kind": "collator", "task": task})
     started = time.perf_counter()
@@ -120,14 +138,18 @@ def audit_collator(
     return result
 
 
-def guarded(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+def guarded(
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     """The collate function; what it raises, or returns instead of a dict, fails the case."""
 
     def call(features: list[dict[str, Any]]) -> dict[str, Any]:
         try:
             batch = collate([dict(f) for f in features])  # a copy each: a collator may edit its features
         except Exception as exc:  # noqa: BLE001 - a collator that raises on valid examples is a finding
-            raise checks_of.CollatorFailed(f"the collator raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+            raise checks_of.CollatorFailed(
+                f"the collator raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
         if not hasattr(batch, "keys"):
             raise checks_of.CollatorFailed(f"the collator returned {type(batch).__name__}, not a dict of tensors")
         return dict(batch)
@@ -135,7 +157,9 @@ def guarded(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> Callab
     return call
 
 
-def write_collator_bundle(directory: Path, target: CollatorTarget, task: str, failures: list[tuple[str, CaseFailed]]) -> Path:
+def write_collator_bundle(
+    directory: Path, target: CollatorTarget, task: str, failures: list[tuple[str, CaseFailed]]
+) -> Path:
     """``case.json`` and ``test_repro_collator.py``: the shrunk examples of each failing check,
     run through the rebuilt collator and the check again."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -146,7 +170,17 @@ def write_collator_bundle(directory: Path, target: CollatorTarget, task: str, fa
     from ..adapters.specs import import_root
 
     root = import_root(f"module:{target.factory}") if target.factory else None
-    data = {"format": 1, "kind": "collator", "spec": target.spec, "factory": target.factory, "import_root": root, "task": task, "pad_id": target.vocabulary.pad, "eos_id": target.vocabulary.eos, "cases": cases}
+    data = {
+        "format": 1,
+        "kind": "collator",
+        "spec": target.spec,
+        "factory": target.factory,
+        "import_root": root,
+        "task": task,
+        "pad_id": target.vocabulary.pad,
+        "eos_id": target.vocabulary.eos,
+        "cases": cases,
+    }
     (directory / "case.json").write_text(json.dumps(data, indent=1) + "\n")
     (directory / "test_repro_collator.py").write_text(REPRO_TEST)
     return directory
@@ -185,7 +219,9 @@ if __name__ == "__main__":
 def replay_collator_case(data: dict[str, Any], index: int) -> tuple[Outcome, dict[str, Any] | None]:
     """Collate a bundle's recorded examples again and run its check on them."""
     if not data.get("factory"):
-        raise CollatorError("the bundle's collator was passed as an object, not a factory importable by name: it cannot be rebuilt")
+        raise CollatorError(
+            "the bundle's collator was passed as an object, not a factory importable by name: it cannot be rebuilt"
+        )
     root = data.get("import_root")
     if root and root not in sys.path:  # the factory's package, importable from any working directory
         sys.path.insert(0, root)

@@ -127,7 +127,9 @@ def collator_entry(entry: Any, where: str) -> tuple[str, str]:
     if isinstance(entry, str):
         entry = {"factory": entry}
     if not isinstance(entry, dict) or not isinstance(entry.get("factory"), str):
-        raise ConfigError(f'{where}: each collators entry is "pkg.mod:factory" or a table with factory = "pkg.mod:factory"')
+        raise ConfigError(
+            f'{where}: each collators entry is "pkg.mod:factory" or a table with factory = "pkg.mod:factory"'
+        )
     task = entry.get("task", "causal-lm")
     if task not in TASKS:
         raise ConfigError(f"{where}: collators task {task!r} is not one of {', '.join(TASKS)}")

@@ -53,7 +53,13 @@ class CostProfile:
     stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "device": self.device, "dtype": self.dtype, "stopped": self.stopped, "lengths": [asdict(x) for x in self.lengths]}
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "stopped": self.stopped,
+            "lengths": [asdict(x) for x in self.lengths],
+        }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -95,7 +101,9 @@ def kv_formula(adapter: Adapter) -> float | None:
         attention_heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None)
         heads = getattr(text, "num_key_value_heads", None) or attention_heads
         hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
-        head_dim = getattr(text, "head_dim", None) or (hidden // attention_heads if hidden and attention_heads else None)
+        head_dim = getattr(text, "head_dim", None) or (
+            hidden // attention_heads if hidden and attention_heads else None
+        )
         if not (layers and heads and head_dim):
             return None
     size = torch.finfo(getattr(torch, adapter.capabilities.dtype)).bits // 8
@@ -246,14 +254,36 @@ def draw(result: CostProfile, path: Path) -> Path:
     lengths = [c.length for c in result.lengths]
     figure, (latency, memory) = plt.subplots(1, 2, figsize=(10, 3.8))
     latency.plot(lengths, [c.prefill_p50 * 1e3 for c in result.lengths], marker="o", label="prefill (whole prompt)")
-    latency.plot(lengths, [c.decode_p50 * 1e3 for c in result.lengths], marker="o", label="decode, per token, with KV cache")
-    latency.plot(lengths, [c.no_cache_per_token_p50 * 1e3 for c in result.lengths], marker="o", label="decode, per token, no cache")
+    latency.plot(
+        lengths, [c.decode_p50 * 1e3 for c in result.lengths], marker="o", label="decode, per token, with KV cache"
+    )
+    latency.plot(
+        lengths,
+        [c.no_cache_per_token_p50 * 1e3 for c in result.lengths],
+        marker="o",
+        label="decode, per token, no cache",
+    )
     _log_axes(latency, "latency P50 (ms)")
-    memory.plot(lengths, [c.kv_bytes_per_token * c.length / 2**20 for c in result.lengths], marker="o", label="KV cache (measured)")
+    memory.plot(
+        lengths,
+        [c.kv_bytes_per_token * c.length / 2**20 for c in result.lengths],
+        marker="o",
+        label="KV cache (measured)",
+    )
     if all(c.kv_bytes_formula for c in result.lengths):
-        memory.plot(lengths, [c.kv_bytes_formula * c.length / 2**20 for c in result.lengths], linestyle="--", label="KV cache (formula)")
+        memory.plot(
+            lengths,
+            [c.kv_bytes_formula * c.length / 2**20 for c in result.lengths],
+            linestyle="--",
+            label="KV cache (formula)",
+        )
     if all(c.peak_memory_bytes for c in result.lengths):
-        memory.plot(lengths, [c.peak_memory_bytes / 2**20 for c in result.lengths], marker="s", label="peak memory (process)" if result.device == "cpu" else "peak CUDA memory")
+        memory.plot(
+            lengths,
+            [c.peak_memory_bytes / 2**20 for c in result.lengths],
+            marker="s",
+            label="peak memory (process)" if result.device == "cpu" else "peak CUDA memory",
+        )
     _log_axes(memory, "MiB")
     figure.suptitle(f"cost profile: {result.model} ({result.device}, {result.dtype})", fontsize=10)
     figure.tight_layout()

@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .config import KnownFinding
 from ..engine.verdict import SuiteResult
+from .config import KnownFinding
 
 ACCEPTABLE = ("fail", "error")
 
@@ -38,7 +38,9 @@ def apply_known_findings(
                 check.status = "warn"
                 check.message = f"accepted finding until {finding.expires} ({finding.reason}): {check.message}"
             else:
-                check.message = f"accepted finding expired on {finding.expires} ({finding.reason}); failing again: {check.message}"
+                check.message = (
+                    f"accepted finding expired on {finding.expires} ({finding.reason}); failing again: {check.message}"
+                )
 
 
 CONVENTIONS_FILE = Path(__file__).with_name("conventions.json")
@@ -56,7 +58,14 @@ def apply_conventions(architecture: str | None, suites: Iterable[SuiteResult], d
     active = [c for c in conventions() if architecture in c["architectures"] and c["id"] not in disabled]
     for suite in suites:
         for check in suite.checks:
-            convention = next((c for c in active if (c["suite"], c["check"]) == (suite.name, check.name) and c["evidence"] in check.message), None)
+            convention = next(
+                (
+                    c
+                    for c in active
+                    if (c["suite"], c["check"]) == (suite.name, check.name) and c["evidence"] in check.message
+                ),
+                None,
+            )
             if check.status == "fail" and convention is not None:
                 check.status = "warn"
                 check.message = f"documented convention of {architecture} ({convention['id']}): {convention['reason']} [{convention['where']}]. Measured: {check.message}"

@@ -71,7 +71,9 @@ def valid_targets(batch: Batch, shift: bool) -> int:
     return int((_targets(batch, shift) != IGNORE_INDEX).sum())
 
 
-def reference_gradients(model: Any, micro_batches: Sequence[Batch], parameters: list[torch.nn.Parameter], shift: bool = True) -> list[Tensor]:
+def reference_gradients(
+    model: Any, micro_batches: Sequence[Batch], parameters: list[torch.nn.Parameter], shift: bool = True
+) -> list[Tensor]:
     """The gradient of the whole batch's loss (summed over valid targets, divided by their count)."""
     total = sum(valid_targets(b, shift) for b in micro_batches)
     for p in parameters:
@@ -80,7 +82,15 @@ def reference_gradients(model: Any, micro_batches: Sequence[Batch], parameters: 
         logits = _logits(model, batch)
         logits = logits[:, :-1] if shift else logits
         targets = _targets(batch, shift)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum") / total
+        loss = (
+            F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(),
+                targets.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
+            / total
+        )
         loss.backward()
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in parameters]
 
@@ -130,7 +140,14 @@ def check_gradient_accumulation(
     error, floor = _relative(accumulated, reference), _relative(again, reference)
     threshold = max(16 * floor, 1e-5)
     if error <= threshold:
-        return AccumulationResult("pass", error, floor, threshold, counts, f"accumulated gradients equal the whole batch's: relative error {error:.3g} <= threshold {threshold:.3g} (floor {floor:.3g})")
+        return AccumulationResult(
+            "pass",
+            error,
+            floor,
+            threshold,
+            counts,
+            f"accumulated gradients equal the whole batch's: relative error {error:.3g} <= threshold {threshold:.3g} (floor {floor:.3g})",
+        )
     message = (
         f"accumulated gradients differ from the whole batch's (its loss summed over valid targets, divided by their total): "
         f"relative error {error:.3g} > threshold {threshold:.3g} (floor {floor:.3g}); the micro-batches hold {', '.join(map(str, counts))} valid targets. "
@@ -140,7 +157,12 @@ def check_gradient_accumulation(
     return AccumulationResult("fail", error, floor, threshold, counts, message)
 
 
-def assert_gradient_accumulation(model: Any, accumulate: Callable[[Any, Sequence[Batch]], None], micro_batches: Sequence[Batch] | None = None, **kwargs: Any) -> AccumulationResult:
+def assert_gradient_accumulation(
+    model: Any,
+    accumulate: Callable[[Any, Sequence[Batch]], None],
+    micro_batches: Sequence[Batch] | None = None,
+    **kwargs: Any,
+) -> AccumulationResult:
     """:func:`check_gradient_accumulation` for a test: raises ``AssertionError`` with the message on failure."""
     result = check_gradient_accumulation(model, accumulate, micro_batches, **kwargs)
     if result.status != "pass":

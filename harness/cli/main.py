@@ -34,22 +34,47 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 clean (warnings allowed); 1 a check failed, errored or did not run; 2 usage or loading "
         "error, or no suite applied; 130 interrupted (the report keeps what finished).",
     )
-    audit.add_argument("spec", help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory; or a data collator: collator:pkg.mod:factory")
-    audit.add_argument("--suites", help="comma-separated suites to run (default: every suite; inapplicable ones report n/a)")
+    audit.add_argument(
+        "spec",
+        help="the model: ref:PRESET, ref:PATH, mutant:NAME, hf:DIR or module:pkg.mod:factory; or a data collator: collator:pkg.mod:factory",
+    )
+    audit.add_argument(
+        "--suites", help="comma-separated suites to run (default: every suite; inapplicable ones report n/a)"
+    )
     audit.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    audit.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the model's own)")
-    audit.add_argument("--attn-implementation", help="Hugging Face attention backend(s), comma-separated, e.g. eager,sdpa: one audit each")
-    audit.add_argument("--task", choices=["causal-lm", "masked-lm", "seq2seq", "packed"], help="hf: override the task read from config.json; collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)")
+    audit.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], help="compute dtype (default: the model's own)"
+    )
+    audit.add_argument(
+        "--attn-implementation",
+        help="Hugging Face attention backend(s), comma-separated, e.g. eager,sdpa: one audit each",
+    )
+    audit.add_argument(
+        "--task",
+        choices=["causal-lm", "masked-lm", "seq2seq", "packed"],
+        help="hf: override the task read from config.json; collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)",
+    )
     audit.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
-    audit.add_argument("--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases")
-    audit.add_argument("--profile", choices=["dev", "ci", "thorough"], help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)")
-    audit.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN")
+    audit.add_argument(
+        "--seed", type=int, help="seed for case generation (default: 0); the same seed draws the same cases"
+    )
+    audit.add_argument(
+        "--profile",
+        choices=["dev", "ci", "thorough"],
+        help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)",
+    )
+    audit.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN"
+    )
     audit.add_argument(
         "--one-case-per-forward",
         action="store_true",
         help="never stack the forwards of several cases (by default they share forwards once padding/batch_composition passes)",
     )
-    audit.add_argument("--probes", help="comma-separated long-context probes to run after the suites, with their defaults (needle, lost-in-the-middle)")
+    audit.add_argument(
+        "--probes",
+        help="comma-separated long-context probes to run after the suites, with their defaults (needle, lost-in-the-middle)",
+    )
     audit.add_argument("--json", dest="json_path", help="write the JSON report here (updated after every suite)")
     audit.add_argument(
         "--report",
@@ -57,9 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="write report.json, report.md, the effective-mask picture of every failing mask suite and the "
         "reproduction bundles into this directory (without it, bundles of failing suites go to ./maskcheck-report)",
     )
-    audit.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: override a config field, forcing another layout (repeatable)")
-    audit.add_argument("--device-map", help="hf: shard a checkpoint larger than one device with accelerate, e.g. auto (needs the 'sharding' extra)")
-    audit.add_argument("--trust-remote-code", action="store_true", help="hf: allow code shipped with the checkpoint to run (off by default)")
+    audit.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ref: override a config field, forcing another layout (repeatable)",
+    )
+    audit.add_argument(
+        "--device-map",
+        help="hf: shard a checkpoint larger than one device with accelerate, e.g. auto (needs the 'sharding' extra)",
+    )
+    audit.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="hf: allow code shipped with the checkpoint to run (off by default)",
+    )
     audit.add_argument(
         "--allow-pickle",
         action="store_true",
@@ -68,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("-q", "--quiet", action="store_true", help="print only the verdict table")
     audit.add_argument("-v", "--verbose", action="store_true", help="print every check, and tracebacks on errors")
 
-    sub.add_parser("list", help="list suites, probes, reference presets, shipped checkpoints and seeded bugs", description="List suites, probes, reference presets, shipped checkpoints and seeded bugs.")
+    sub.add_parser(
+        "list",
+        help="list suites, probes, reference presets, shipped checkpoints and seeded bugs",
+        description="List suites, probes, reference presets, shipped checkpoints and seeded bugs.",
+    )
 
     probe = sub.add_parser(
         "probe",
@@ -79,21 +121,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.add_argument("name", choices=["needle", "lost-in-the-middle"], help="which probe")
     probe.add_argument("spec", help="the model spec")
-    probe.add_argument("--lengths", help="needle: comma-separated context lengths in tokens (default: doubling from 32 to the model's maximum)")
-    probe.add_argument("--depths", default="11", help="needle: comma-separated depths in [0, 1], or a count of evenly spaced ones (default: 11)")
-    probe.add_argument("--length", type=int, help="lost-in-the-middle: context length (default: the trained length, else min(max, 512))")
-    probe.add_argument("--items", type=int, default=6, help="lost-in-the-middle: number of key-value items (default: 6)")
+    probe.add_argument(
+        "--lengths",
+        help="needle: comma-separated context lengths in tokens (default: doubling from 32 to the model's maximum)",
+    )
+    probe.add_argument(
+        "--depths",
+        default="11",
+        help="needle: comma-separated depths in [0, 1], or a count of evenly spaced ones (default: 11)",
+    )
+    probe.add_argument(
+        "--length",
+        type=int,
+        help="lost-in-the-middle: context length (default: the trained length, else min(max, 512))",
+    )
+    probe.add_argument(
+        "--items", type=int, default=6, help="lost-in-the-middle: number of key-value items (default: 6)"
+    )
     probe.add_argument("--samples", type=int, help="prompts per cell (default: needle 4, lost-in-the-middle 8)")
     probe.add_argument("--seed", type=int, default=0)
-    probe.add_argument("--threshold", type=float, default=0.9, help="accuracy that counts for effective length and reach (default: 0.9)")
+    probe.add_argument(
+        "--threshold",
+        type=float,
+        default=0.9,
+        help="accuracy that counts for effective length and reach (default: 0.9)",
+    )
     probe.add_argument("--min-accuracy", type=float, help="exit 1 if the overall accuracy is below this")
-    probe.add_argument("--text", help="a text file to build haystacks from (models with a tokenizer; default: seeded pseudo-prose)")
-    probe.add_argument("--needle-template", help="models with a tokenizer: the needle (and item) text, with {key} and {value}")
+    probe.add_argument(
+        "--text", help="a text file to build haystacks from (models with a tokenizer; default: seeded pseudo-prose)"
+    )
+    probe.add_argument(
+        "--needle-template", help="models with a tokenizer: the needle (and item) text, with {key} and {value}"
+    )
     probe.add_argument("--question-template", help="the question and answer prefix, with {key}")
-    probe.add_argument("--answer-template", help="the answer as it follows the prefix, with {value} (default: ' {value}')")
-    probe.add_argument("--generate", action="store_true", help="also decode every answer greedily and match the value as a string, for parity with published needle benchmarks")
-    probe.add_argument("--report", dest="report_dir", default="maskcheck-report", help="where the JSON grid and the PNG go (default: maskcheck-report)")
-    probe.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="ref: run the weights under another mask, e.g. sliding_window=8, attention_sinks=4")
+    probe.add_argument(
+        "--answer-template", help="the answer as it follows the prefix, with {value} (default: ' {value}')"
+    )
+    probe.add_argument(
+        "--generate",
+        action="store_true",
+        help="also decode every answer greedily and match the value as a string, for parity with published needle benchmarks",
+    )
+    probe.add_argument(
+        "--report",
+        dest="report_dir",
+        default="maskcheck-report",
+        help="where the JSON grid and the PNG go (default: maskcheck-report)",
+    )
+    probe.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ref: run the weights under another mask, e.g. sliding_window=8, attention_sinks=4",
+    )
     probe.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     probe.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
 
@@ -105,11 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
         "and write JSON and a PNG plot.",
     )
     cost.add_argument("spec", help="the model spec (a decoder with a cache)")
-    cost.add_argument("--lengths", help="comma-separated context lengths (default: doubling from 128, then the model's maximum less the decoded tokens)")
-    cost.add_argument("--max-seconds", type=float, default=120.0, help="time budget; stops at the longest length that fits (default: 120)")
+    cost.add_argument(
+        "--lengths",
+        help="comma-separated context lengths (default: doubling from 128, then the model's maximum less the decoded tokens)",
+    )
+    cost.add_argument(
+        "--max-seconds",
+        type=float,
+        default=120.0,
+        help="time budget; stops at the longest length that fits (default: 120)",
+    )
     cost.add_argument("--repeats", type=int, default=5, help="prefill repeats per length (default: 5)")
     cost.add_argument("--new-tokens", type=int, default=16, help="decoded tokens per length (default: 16)")
-    cost.add_argument("--report", dest="report_dir", default="maskcheck-report", help="where profile.json and profile.png go")
+    cost.add_argument(
+        "--report", dest="report_dir", default="maskcheck-report", help="where profile.json and profile.png go"
+    )
     cost.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     cost.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     cost.add_argument("--device-map", help="hf: accelerate device map, e.g. auto (needs the 'sharding' extra)")
@@ -211,11 +302,11 @@ def _quiet_transformers() -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from ..adapters.specs import LoadOptions, SpecError
     from ..audits.config import ConfigError, load_config
+    from ..audits.runner import audit
     from ..engine.registry import UnknownSuiteError, suite_names, unknown_suites_message
     from ..report.render import render_markdown, render_table, write_atomically, write_json
-    from ..audits.runner import audit
-    from ..adapters.specs import LoadOptions, SpecError
 
     if not args.verbose:
         _quiet_transformers()
@@ -237,7 +328,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(f"maskcheck: error: {unknown}", file=sys.stderr)
         return 2
     live = sys.stderr.isatty()
-    implementations = (_split(args.attn_implementation) if args.attn_implementation else config.get("attn_implementation")) or [None]
+    implementations = (
+        _split(args.attn_implementation) if args.attn_implementation else config.get("attn_implementation")
+    ) or [None]
     report_root = option("report_dir", "report", None)
     worst_exit = 0
     reports: list[dict[str, Any]] = []
@@ -305,16 +398,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
             print(render_table(result, title, time.perf_counter() - started, verbose=args.verbose))
             reports.append(result.to_dict())
             if report_dir:
-                write_json(Path(report_dir) / "report.json", result.to_dict())  # with the probes, which run after the last suite
+                write_json(
+                    Path(report_dir) / "report.json", result.to_dict()
+                )  # with the probes, which run after the last suite
                 write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
                 print(f"report: {report_dir}/report.json, {report_dir}/report.md")
             worst_exit = max(worst_exit, result.exit_code)
     except KeyboardInterrupt:
         if partial:
             where = ", ".join(dict.fromkeys(str(p) for p in partial))
-            print(f"maskcheck: interrupted; the suites that finished are in {where} (\"complete\": false)", file=sys.stderr)
+            print(
+                f'maskcheck: interrupted; the suites that finished are in {where} ("complete": false)', file=sys.stderr
+            )
         else:
-            print("maskcheck: interrupted; nothing was saved (--report DIR or --json PATH keep what finishes)", file=sys.stderr)
+            print(
+                "maskcheck: interrupted; nothing was saved (--report DIR or --json PATH keep what finishes)",
+                file=sys.stderr,
+            )
         return 130
     if args.json_path:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
@@ -341,7 +441,14 @@ def _audit_collator(args: argparse.Namespace, option: Any) -> int:
     except CollatorError as exc:
         print(f"maskcheck: error: {exc}", file=sys.stderr)
         return 2
-    print(render_table(result, f"{result.model} [task={args.task or 'causal-lm'}]", time.perf_counter() - started, verbose=args.verbose))
+    print(
+        render_table(
+            result,
+            f"{result.model} [task={args.task or 'causal-lm'}]",
+            time.perf_counter() - started,
+            verbose=args.verbose,
+        )
+    )
     if args.json_path:
         write_json(Path(args.json_path), result.to_dict())
         print(f"JSON report: {args.json_path}")
@@ -357,11 +464,11 @@ def _split(text: str) -> list[str]:
 
 
 def cmd_effective_mask(args: argparse.Namespace) -> int:
-    from ..report.picture import draw_effective_mask
-    from ..engine.registry import load_suite
     from ..adapters.specs import LoadOptions, SpecError, load_adapter
+    from ..engine.registry import load_suite
     from ..engine.suite import RunContext
     from ..engine.tolerance import tolerance_for
+    from ..report.picture import draw_effective_mask
 
     _quiet_transformers()
     try:
@@ -379,16 +486,24 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from ..engine.registry import load_probe
     from ..adapters.specs import LoadOptions, SpecError, load_adapter
+    from ..engine.registry import load_probe
     from ..engine.suite import ProbeError
 
     _quiet_transformers()
     try:
-        adapter = load_adapter(args.spec, LoadOptions(device=args.device, dtype=args.dtype, overrides=_overrides(args.override)))
+        adapter = load_adapter(
+            args.spec, LoadOptions(device=args.device, dtype=args.dtype, overrides=_overrides(args.override))
+        )
         text = Path(args.text).read_text() if args.text else None
         run, draw = load_probe(args.name)
-        kwargs: dict[str, Any] = {"seed": args.seed, "text": text, "progress": _probe_progress(args.name), "generate": args.generate, "templates": _templates(args)}
+        kwargs: dict[str, Any] = {
+            "seed": args.seed,
+            "text": text,
+            "progress": _probe_progress(args.name),
+            "generate": args.generate,
+            "templates": _templates(args),
+        }
         if args.samples:
             kwargs["samples"] = args.samples
         if args.name == "needle":
@@ -406,14 +521,22 @@ def cmd_probe(args: argparse.Namespace) -> int:
     result.write(args.report_dir, draw)
     print(render_probe(result))
     print(f"grid: {result.grid_path}\npicture: {result.picture}")
-    if args.min_accuracy is not None and result.summary.get("accuracy", min(result.summary.get("accuracy_by_slot", [1.0]))) < args.min_accuracy:
+    if (
+        args.min_accuracy is not None
+        and result.summary.get("accuracy", min(result.summary.get("accuracy_by_slot", [1.0]))) < args.min_accuracy
+    ):
         return 1
     return 0
 
 
 def _templates(args: argparse.Namespace) -> dict[str, str] | None:
     """The template strings given on the command line (the probe builds its templates from them)."""
-    chosen = {"needle": args.needle_template, "item": args.needle_template, "question": args.question_template, "answer": args.answer_template}
+    chosen = {
+        "needle": args.needle_template,
+        "item": args.needle_template,
+        "question": args.question_template,
+        "answer": args.answer_template,
+    }
     return {k: v for k, v in chosen.items() if v} or None
 
 
@@ -442,14 +565,20 @@ def render_probe(result: Any) -> str:
         lines.append("length  accuracy  min over depths  note")
         for length in s["lengths"]:
             note = s["flags"].get(str(length), "")
-            lines.append(f"{length:<7} {s['accuracy_by_length'][str(length)]:<9.3f} {s['min_accuracy_over_depths'][str(length)]:<16.3f} {note}".rstrip())
-        lines.append(f"effective length {s['effective_length']}, reach {s['reach']} tokens (threshold {s['threshold']}); "
-                     f"mean rank {s['mean_rank']:.2f}, margin {s['mean_margin']:.2f}, retrieval gain {s['mean_gain']:.2f} nats")
+            lines.append(
+                f"{length:<7} {s['accuracy_by_length'][str(length)]:<9.3f} {s['min_accuracy_over_depths'][str(length)]:<16.3f} {note}".rstrip()
+            )
+        lines.append(
+            f"effective length {s['effective_length']}, reach {s['reach']} tokens (threshold {s['threshold']}); "
+            f"mean rank {s['mean_rank']:.2f}, margin {s['mean_margin']:.2f}, retrieval gain {s['mean_gain']:.2f} nats"
+        )
     else:
         lines.append("slot  " + "  ".join(f"{i + 1:>5}" for i in range(s["items"])))
         lines.append("acc   " + "  ".join(f"{a:>5.2f}" for a in s["accuracy_by_slot"]))
-        lines.append(f"edge vs middle {s['edge_vs_middle']:.2f}; closed book {s['closed_book_accuracy']:.2f}; "
-                     f"retrieval gain {s['mean_gain']:.2f} nats; {s['length']} tokens{'; ' + next(iter(s['flags'].values())) if s['flags'] else ''}")
+        lines.append(
+            f"edge vs middle {s['edge_vs_middle']:.2f}; closed book {s['closed_book_accuracy']:.2f}; "
+            f"retrieval gain {s['mean_gain']:.2f} nats; {s['length']} tokens{'; ' + next(iter(s['flags'].values())) if s['flags'] else ''}"
+        )
     if "generated_accuracy" in s:
         lines.append(f"greedy generation matches the value in {s['generated_accuracy']:.1%} of prompts")
     return "\n".join(lines)
@@ -457,9 +586,9 @@ def render_probe(result: Any) -> str:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..adapters.base import AdapterError
+    from ..adapters.specs import LoadOptions, SpecError, load_adapter
     from ..audits.costs import draw, profile, render
     from ..report.render import write_json
-    from ..adapters.specs import LoadOptions, SpecError, load_adapter
 
     _quiet_transformers()
     try:
@@ -481,8 +610,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ..report.reproduction import BundleError, replay
     from ..adapters.specs import SpecError
+    from ..report.reproduction import BundleError, replay
 
     _quiet_transformers()
     if _is_collator_bundle(args.bundle):
@@ -519,7 +648,9 @@ def _replay_collator(path: str) -> int:
             return 2
         failed |= outcome.status == "fail"
         shown = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in (batch or {}).items()}
-        print(f"collator/{recorded['check']}: {outcome.status.upper()}{': ' + outcome.message if outcome.message else ''}\n  examples: {recorded['examples']}\n  batch: {shown}")
+        print(
+            f"collator/{recorded['check']}: {outcome.status.upper()}{': ' + outcome.message if outcome.message else ''}\n  examples: {recorded['examples']}\n  batch: {shown}"
+        )
     return 1 if failed else 0
 
 

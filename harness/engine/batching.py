@@ -138,7 +138,11 @@ def run_together(evaluations: Sequence[Any], on_done: Callable[[int], None] | No
         else:
             finish(i, evaluation)
     while waiting:
-        flat = {(i, j): r for i, request in waiting.items() for j, r in enumerate(request if isinstance(request, list) else [request])}
+        flat = {
+            (i, j): r
+            for i, request in waiting.items()
+            for j, r in enumerate(request if isinstance(request, list) else [request])
+        }
         answers = answer(flat)
         for i, request in list(waiting.items()):
             count = len(request) if isinstance(request, list) else 1
@@ -161,7 +165,9 @@ def answer(requests: dict[Any, Logits | Greedy]) -> dict[Any, Any]:
         length = max(r.batch.predicted_ids.shape[1] for r in asked)
         side = _padded_side(asked[0].batch)
         try:
-            logits = asked[0].adapter.logits(concat([widen(r.batch, length, side, r.adapter) for r in asked]))  # [sum B, length, V]
+            logits = asked[0].adapter.logits(
+                concat([widen(r.batch, length, side, r.adapter) for r in asked])
+            )  # [sum B, length, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
                 replies[i] = _forward(forwards[i])
@@ -192,7 +198,9 @@ def _decode_together(asked: list[tuple[Any, Greedy]]) -> dict[Any, Any]:
         return {asked[0][0]: _forward(asked[0][1])}
     steps = max(r.new_tokens for _, r in asked)
     try:
-        tokens, logits = greedy(asked[0][1].adapter, concat([r.batch for _, r in asked]), steps)  # [sum B, n], [sum B, n, V]
+        tokens, logits = greedy(
+            asked[0][1].adapter, concat([r.batch for _, r in asked]), steps
+        )  # [sum B, n], [sum B, n, V]
     except Exception:
         return {key: _forward(r) for key, r in asked}
     replies, start = {}, 0
@@ -307,6 +315,10 @@ def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batc
             widened[name] = None
             continue
         edge = value[:, :1] if side == "left" else value[:, -1:]  # [B, 1]
-        fill = edge.expand(-1, extra) if name == "position_ids" else torch.full((value.shape[0], extra), fills[name], dtype=value.dtype, device=value.device)
+        fill = (
+            edge.expand(-1, extra)
+            if name == "position_ids"
+            else torch.full((value.shape[0], extra), fills[name], dtype=value.dtype, device=value.device)
+        )
         widened[name] = torch.cat([fill, value] if side == "left" else [value, fill], dim=1)  # [B, length]
     return Batch(**widened)

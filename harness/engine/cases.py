@@ -19,7 +19,9 @@ from .suite import Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
 
 
-def random_ids(seed: int, shape: Sequence[int], vocab_size: int, avoid: int | None = None, device: str = "cpu") -> Tensor:
+def random_ids(
+    seed: int, shape: Sequence[int], vocab_size: int, avoid: int | None = None, device: str = "cpu"
+) -> Tensor:
     """Uniform ids in ``[0, vocab)``, never equal to ``avoid`` (the pad id) when given."""
     generator = torch.Generator().manual_seed(seed)
     if avoid is None or vocab_size < 2:
@@ -129,14 +131,30 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
     nonfinite = comparison.nonfinite
     if nonfinite:
         label = f"{comparison.index_name}, position"
-        return Outcome("fail", float("inf"), floor, threshold, nonfinite, f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}", positions_label=label)
+        return Outcome(
+            "fail",
+            float("inf"),
+            floor,
+            threshold,
+            nonfinite,
+            f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}",
+            positions_label=label,
+        )
     if comparison.max_diff > threshold:
         positions = comparison.positions_over(threshold)
         message = (
             f"{what}: max |d log p| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
             f"(noise floor {floor:.3g}) at [{comparison.index_name}, position] {positions[:8]}"
         )
-        return Outcome("fail", comparison.max_diff, floor, threshold, positions, message, positions_label=f"{comparison.index_name}, position")
+        return Outcome(
+            "fail",
+            comparison.max_diff,
+            floor,
+            threshold,
+            positions,
+            message,
+            positions_label=f"{comparison.index_name}, position",
+        )
     return Outcome("pass", comparison.max_diff, floor, threshold, [], "")
 
 
@@ -169,13 +187,20 @@ def aligned_outcome(
     if not math.isfinite(floor):
         return nonfinite_floor(floor, float("nan"), what)
     device = pairs[0][0].device
-    diff, max_diff, scale = compare_rows(torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]))  # [N]
+    diff, max_diff, scale = compare_rows(
+        torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs])
+    )  # [N]
     threshold = context.tolerance.shape_change(floor, context.dtype, scale)
     if max_diff <= threshold:  # a pass: no positions to name
         return Outcome("pass", max_diff, floor, threshold)
     lengths = [ref.shape[0] for ref, _, _ in pairs]
-    index = (torch.repeat_interleave(torch.arange(len(pairs)), torch.tensor(lengths)), torch.cat([torch.arange(n) for n in lengths]))  # ([N], [N])
-    comparison = Comparison(max_diff, scale, diff.cpu(), index, (len(pairs), max(lengths)), [row for _, _, row in pairs], index_name)
+    index = (
+        torch.repeat_interleave(torch.arange(len(pairs)), torch.tensor(lengths)),
+        torch.cat([torch.arange(n) for n in lengths]),
+    )  # ([N], [N])
+    comparison = Comparison(
+        max_diff, scale, diff.cpu(), index, (len(pairs), max(lengths)), [row for _, _, row in pairs], index_name
+    )
     return verdict(comparison, floor, threshold, what)
 
 
@@ -204,7 +229,10 @@ def without_positional_caveat(check: Any) -> None:
     for caveat in (POSITION_CAVEAT, DECODER_POSITIONS):
         if check.message.endswith(caveat):
             check.status = "fail"
-            check.message = check.message[: -len(caveat)] + "; other ids in the padded slots move real outputs too, so this is not only shifted positions: the padding mask is not applied"
+            check.message = (
+                check.message[: -len(caveat)]
+                + "; other ids in the padded slots move real outputs too, so this is not only shifted positions: the padding mask is not applied"
+            )
 
 
 def without_positional_caveats_if(results: list, leak_check: str) -> None:
@@ -215,7 +243,9 @@ def without_positional_caveats_if(results: list, leak_check: str) -> None:
             without_positional_caveat(result)
 
 
-def checked_positional_caveat(b: RowBatches, context: RunContext, outcome: Outcome, batch: Batch, seed: int) -> Evaluation:
+def checked_positional_caveat(
+    b: RowBatches, context: RunContext, outcome: Outcome, batch: Batch, seed: int
+) -> Evaluation:
     """``outcome`` with its positional caveat (:func:`left_padding_caveat`) checked on
     ``batch``: other ids in its padded slots must not move its real logits (same shapes).
     Where they do, the mask is not applied and the caveat goes. For suites that do not
@@ -226,7 +256,9 @@ def checked_positional_caveat(b: RowBatches, context: RunContext, outcome: Outco
     ids, mask = batch.predicted_ids, batch.predicted_mask
     assert mask is not None
     perturbed = b.with_ids(batch, perturb(ids, mask == 0, b.caps.vocab_size, seed))
-    moved = yield from same_shape_outcome(b.adapter, context, batch, perturbed, mask.bool(), "other ids in the padded slots")
+    moved = yield from same_shape_outcome(
+        b.adapter, context, batch, perturbed, mask.bool(), "other ids in the padded slots"
+    )
     if moved.status == "fail":
         without_positional_caveat(outcome)
     return outcome
@@ -298,5 +330,10 @@ class RowBatches:
     def with_ids(self, batch: Batch, ids: Tensor) -> Batch:
         """``batch`` with other ids on the predicted side."""
         if self.caps.family == "encoder_decoder":
-            return Batch(batch.input_ids, batch.attention_mask, decoder_input_ids=ids, decoder_attention_mask=batch.decoder_attention_mask)
+            return Batch(
+                batch.input_ids,
+                batch.attention_mask,
+                decoder_input_ids=ids,
+                decoder_attention_mask=batch.decoder_attention_mask,
+            )
         return Batch(ids, batch.attention_mask, batch.position_ids)

@@ -32,7 +32,9 @@ class Influence:
         return (self.diff > self.threshold) & self.outputs[:, None] & self.inputs[None, :]
 
 
-def measure_influence(adapter: Adapter, context: RunContext, row: Batch, seed: int, decoder_side: bool = False) -> Influence:
+def measure_influence(
+    adapter: Adapter, context: RunContext, row: Batch, seed: int, decoder_side: bool = False
+) -> Influence:
     """Influence matrix of a one-row batch: ``[T_out, T_in]`` over the predicted positions and
     the perturbed ids. ``decoder_side`` perturbs decoder ids; otherwise ``input_ids`` are
     perturbed (for an encoder-decoder: the source, read through cross-attention)."""
@@ -44,7 +46,9 @@ def measure_influence(adapter: Adapter, context: RunContext, row: Batch, seed: i
     outputs = torch.ones(length_out, dtype=torch.bool) if mask is None else mask[0].bool().cpu()
     inputs = torch.ones(length, dtype=torch.bool)
     eye = torch.eye(length, dtype=torch.bool)
-    perturbed_ids = perturb(ids.expand(length, -1), eye.to(ids.device), adapter.capabilities.vocab_size, seed, pad_token(adapter))
+    perturbed_ids = perturb(
+        ids.expand(length, -1), eye.to(ids.device), adapter.capabilities.vocab_size, seed, pad_token(adapter)
+    )
     rows = [row, row]
     for j in range(length):
         rows.append(_with_ids(row, perturbed_ids[j : j + 1], decoder_side))
@@ -63,8 +67,12 @@ def measure_influence(adapter: Adapter, context: RunContext, row: Batch, seed: i
 
 def _with_ids(row: Batch, ids: Tensor, decoder_side: bool) -> Batch:
     if decoder_side:
-        return Batch(row.input_ids, row.attention_mask, row.position_ids, row.segment_ids, ids, row.decoder_attention_mask)
-    return Batch(ids, row.attention_mask, row.position_ids, row.segment_ids, row.decoder_input_ids, row.decoder_attention_mask)
+        return Batch(
+            row.input_ids, row.attention_mask, row.position_ids, row.segment_ids, ids, row.decoder_attention_mask
+        )
+    return Batch(
+        ids, row.attention_mask, row.position_ids, row.segment_ids, row.decoder_input_ids, row.decoder_attention_mask
+    )
 
 
 def expected_pattern(length: int, pattern: str, window: int | None, n_layers: int | None) -> Tensor:

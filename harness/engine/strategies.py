@@ -23,7 +23,9 @@ CaseT = TypeVar("CaseT")
 
 
 @st.composite
-def _fields(draw: st.DrawFn, case_type: Callable[..., Any], items: tuple[tuple[str, st.SearchStrategy[Any]], ...]) -> Any:
+def _fields(
+    draw: st.DrawFn, case_type: Callable[..., Any], items: tuple[tuple[str, st.SearchStrategy[Any]], ...]
+) -> Any:
     return case_type(**{name: _frozen(draw(strategy)) for name, strategy in items})
 
 

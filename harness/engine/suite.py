@@ -65,7 +65,9 @@ class Outcome:
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)  # extra data for pictures and reproduction
     positions_label: str = "row, position"  # what each pair in ``positions`` counts
-    table: list[dict[str, Any]] = field(default_factory=list)  # rows a report shows as a table (the variants a layout was scored under)
+    table: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # rows a report shows as a table (the variants a layout was scored under)
 
     @property
     def ratio(self) -> float:
@@ -317,7 +319,13 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     except AdapterError as exc:
         return CheckResult(check.name, "error", str(exc)), evaluated, None
     except TimeLimitReached:
-        return CheckResult(check.name, "not_run", f"the suite's time limit (--timeout) was reached after {evaluated} case(s)"), evaluated, None
+        return (
+            CheckResult(
+                check.name, "not_run", f"the suite's time limit (--timeout) was reached after {evaluated} case(s)"
+            ),
+            evaluated,
+            None,
+        )
     if replayed is not None:  # Hypothesis drew other examples this time: report the case unshrunk
         return _failed(check, replayed), evaluated, replayed
     if not worst_seen:
@@ -329,7 +337,22 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     else:
         message = f"{evaluated} cases; " + (o.message or f"worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}")
     case = case_to_dict(worst_seen["case"])
-    return CheckResult(check.name, status, message, o.max_diff, o.floor, o.threshold, o.positions if status == "warn" else [], case, positions_label=o.positions_label, table=o.table), evaluated, None
+    return (
+        CheckResult(
+            check.name,
+            status,
+            message,
+            o.max_diff,
+            o.floor,
+            o.threshold,
+            o.positions if status == "warn" else [],
+            case,
+            positions_label=o.positions_label,
+            table=o.table,
+        ),
+        evaluated,
+        None,
+    )
 
 
 def _memo_key(case: Any) -> Any:
@@ -347,4 +370,16 @@ def _failed(check: Check, failure: CaseFailed) -> CheckResult:
     blob = next((note.strip() for note in getattr(failure, "__notes__", []) if "@reproduce_failure" in note), None)
     if blob:
         o.detail["hypothesis_blob"] = blob
-    return CheckResult(check.name, "fail", o.message, o.max_diff, o.floor, o.threshold, o.positions, case_to_dict(failure.case), blob, o.positions_label, o.table)
+    return CheckResult(
+        check.name,
+        "fail",
+        o.message,
+        o.max_diff,
+        o.floor,
+        o.threshold,
+        o.positions,
+        case_to_dict(failure.case),
+        blob,
+        o.positions_label,
+        o.table,
+    )

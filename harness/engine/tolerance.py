@@ -129,7 +129,9 @@ class Comparison:
         return [[labels[b], t] for b, t in zip(rows, positions)]
 
 
-def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True) -> tuple[Tensor, float, float]:
+def compare_rows(
+    reference: Tensor, test: Tensor, normalise: bool = True, with_scale: bool = True
+) -> tuple[Tensor, float, float]:
     """Per-row max |difference| between ``[N, V]`` rows of float64 log-softmax (``normalise=False``:
     of the values as given), ``inf`` where either row holds NaN or inf; its largest value; and
     the scale, the largest compared logit or log-probability magnitude (at least 1; 1 when
@@ -146,7 +148,11 @@ def compare_rows(reference: Tensor, test: Tensor, normalise: bool = True, with_s
         # which the scale needs anyway, is finite exactly when every value is.
         largest = _largest(reference, normalise)
         if math.isfinite(largest):
-            return torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device), 0.0, (max(1.0, largest) if with_scale else 1.0)
+            return (
+                torch.zeros(reference.shape[0], dtype=torch.float64, device=reference.device),
+                0.0,
+                (max(1.0, largest) if with_scale else 1.0),
+            )
     ref, tst = reference.double(), test.double()
     if normalise:
         ref, tst = torch.log_softmax(ref, -1), torch.log_softmax(tst, -1)
@@ -177,7 +183,9 @@ def _largest(rows: Tensor, normalise: bool) -> float:
     return float(largest)
 
 
-def compare_logits(reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True) -> Comparison:
+def compare_logits(
+    reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True
+) -> Comparison:
     """Compare ``[B, T, V]`` logits at the positions where ``where [B, T]`` is True.
 
     Differences of float64 log-softmax (``normalise=False``: of the values as given, for
@@ -210,7 +218,11 @@ def measure_reference_error(adapter: Any) -> float | None:
 
     caps = adapter.capabilities
     model = getattr(adapter, "model", None)
-    if caps.dtype not in LOW_PRECISION or not isinstance(model, torch.nn.Module) or getattr(model, "hf_device_map", None):
+    if (
+        caps.dtype not in LOW_PRECISION
+        or not isinstance(model, torch.nn.Module)
+        or getattr(model, "hf_device_map", None)
+    ):
         return None
     try:
         twin = adapter_for(copy.deepcopy(model).float())
@@ -219,6 +231,8 @@ def measure_reference_error(adapter: Any) -> float | None:
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(1, caps.vocab_size, (4, 12), generator=generator).to(caps.device)
     batch = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids if caps.family == "encoder_decoder" else None)
-    comparison = compare_logits(twin.logits(batch), adapter.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool))
+    comparison = compare_logits(
+        twin.logits(batch), adapter.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool)
+    )
     del twin
     return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)

@@ -46,15 +46,28 @@ OPTIONS = {
     "device": ("maskcheck_device", "cpu, cuda, cuda:N or auto (default: cpu)"),
     "dtype": ("maskcheck_dtype", "float32, bfloat16 or float16 (default: the model's own)"),
     "report_dir": ("maskcheck_report_dir", "reports and reproduction bundles (default: maskcheck-report)"),
-    "threads": ("maskcheck_threads", "torch threads per test process: auto (cores / xdist workers, unless OMP_NUM_THREADS is set), keep, or N"),
+    "threads": (
+        "maskcheck_threads",
+        "torch threads per test process: auto (cores / xdist workers, unless OMP_NUM_THREADS is set), keep, or N",
+    ),
 }
 #: on/off settings: a flag, or an ini key set to true
 FLAGS = {
     "always": ("maskcheck_always", "audit the configured models even when test paths are given"),
-    "require": ("maskcheck_require", "fail the run when a configured model is not audited (paths, -k/-m, interruption)"),
+    "require": (
+        "maskcheck_require",
+        "fail the run when a configured model is not audited (paths, -k/-m, interruption)",
+    ),
 }
 DEFAULT_REPORT_DIR = "maskcheck-report"
-DEFAULTS = {"profile": "ci", "device": "cpu", "dtype": None, "report_dir": DEFAULT_REPORT_DIR, "suites": None, "threads": "auto"}
+DEFAULTS = {
+    "profile": "ci",
+    "device": "cpu",
+    "dtype": None,
+    "report_dir": DEFAULT_REPORT_DIR,
+    "suites": None,
+    "threads": "auto",
+}
 CHOICES = {"profile": ("dev", "ci", "thorough"), "dtype": ("float32", "bfloat16", "float16")}
 #: [tool.maskcheck] keys for the same settings
 CONFIG_KEYS = {
@@ -309,7 +322,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``maskcheck_adapter`` in a test's arguments: one test per configured model."""
     if "maskcheck_adapter" in metafunc.fixturenames:
         entries = models(metafunc.config)
-        metafunc.parametrize("maskcheck_adapter", entries, ids=[e.name for e in entries], indirect=True, scope="session")
+        metafunc.parametrize(
+            "maskcheck_adapter", entries, ids=[e.name for e in entries], indirect=True, scope="session"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -363,7 +378,12 @@ class RunTracker:
         ledger = self.ledger or RunLedger(testing.RUN_ID, run_options(self.config).report_dir)
         stopped = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop) or bool(session.shouldfail)
         merge_run(ledger, run_complete=not stopped)
-        if self.ledger is not None and self.ledger.not_audited() and flag(self.config, "require") and session.exitstatus == pytest.ExitCode.OK:
+        if (
+            self.ledger is not None
+            and self.ledger.not_audited()
+            and flag(self.config, "require")
+            and session.exitstatus == pytest.ExitCode.OK
+        ):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

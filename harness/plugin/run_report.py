@@ -107,7 +107,13 @@ def merge_run(ledger: RunLedger, run_complete: bool) -> list[Path]:
     for model_dir, parts in _model_dirs(ledger):
         if not parts:
             continue  # not audited by this run: its report and bundles are another run's to replace
-        referenced = {Path(p).name for part in parts for s in part["suites"] for p in (s.get("reproduction"), s.get("picture")) if p}
+        referenced = {
+            Path(p).name
+            for part in parts
+            for s in part["suites"]
+            for p in (s.get("reproduction"), s.get("picture"))
+            if p
+        }
         referenced |= set(REPORT_FILES)  # rewritten below, atomically
         for path in _stale(model_dir, referenced, ledger.run_id):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -142,7 +148,11 @@ def _model_dirs(ledger: RunLedger) -> Iterator[tuple[Path, list[dict[str, Any]]]
     for name in sorted(names):
         model_dir = ledger.report_dir / name
         if model_dir.is_dir():
-            parts = [data for data in map(_read, sorted(model_dir.glob(f"{RESULTS}/*.json"))) if data.get("run_id") == ledger.run_id]
+            parts = [
+                data
+                for data in map(_read, sorted(model_dir.glob(f"{RESULTS}/*.json")))
+                if data.get("run_id") == ledger.run_id
+            ]
             yield model_dir, parts
 
 

@@ -102,16 +102,18 @@ def load(entry: ModelEntry, options: RunOptions) -> Any:
     return adapter
 
 
-def run_suite_test(adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model", with_padding: bool = True) -> Any:
+def run_suite_test(
+    adapter: Any, suite: str, options: RunOptions, item: Any = None, slug: str = "model", with_padding: bool = True
+) -> Any:
     """Audit one suite; skip, warn or fail the calling test as its verdict says. Returns the AuditResult.
 
     ``with_padding``: the padding suite is among this model's tests, so its batch_composition
     check (which decides whether cases share forwards) runs before the first suite this
     process audits, once per model, and the padding test reports that same run."""
-    from .run_report import write_result
     from ..audits.runner import audit
-    from .threads import apply_thread_setting, parse_threads
     from ..engine.verdict import FAILING
+    from .run_report import write_result
+    from .threads import apply_thread_setting, parse_threads
 
     apply_thread_setting(parse_threads(options.threads))
     report_dir = options.report_dir / slug if options.report_dir is not None else None
@@ -158,7 +160,11 @@ def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
     slug = ModelEntry(f"collator-{factory}", factory).slug  # the report directory, named as a model's is
     try:
         result = audit_collator(
-            f"collator:{factory}", task, seed=options.seed, profile=options.profile, examples=options.examples,
+            f"collator:{factory}",
+            task,
+            seed=options.seed,
+            profile=options.profile,
+            examples=options.examples,
             bundle_dir=(options.report_dir or Path("maskcheck-report")) / slug,
         )
     except CollatorError as exc:

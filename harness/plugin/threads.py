@@ -41,7 +41,9 @@ def fair_share(cores: int, workers: int) -> int:
     return max(1, cores // max(1, workers))
 
 
-def threads_to_use(setting: str | int, current: int, cores: int, workers: int, environ: Mapping[str, str]) -> int | None:
+def threads_to_use(
+    setting: str | int, current: int, cores: int, workers: int, environ: Mapping[str, str]
+) -> int | None:
     """The thread count to set in this process, or None to leave torch as it is."""
     if setting == "keep":
         return None

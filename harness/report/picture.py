@@ -11,7 +11,9 @@ from torch import Tensor
 from ..engine.influence import Influence
 
 
-def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path, title: str, failed: bool = False) -> Path:
+def draw_effective_mask(
+    influence: Influence, expected: Tensor, path: str | Path, title: str, failed: bool = False
+) -> Path:
     """Write a PNG: left, the expected mask; right, the measured influence (log scale)
     with leaks (influence where the mask forbids it) marked by red crosses, the threshold
     marked on the colour bar, padded output rows and input columns labelled. ``failed``: the suite failed,
@@ -43,7 +45,15 @@ def draw_effective_mask(influence: Influence, expected: Tensor, path: str | Path
     bar = figure.colorbar(image, ax=right, shrink=0.8)
     if 0 < influence.threshold < math.inf:
         bar.ax.axhline(math.log10(influence.threshold), color="red", linewidth=2)
-        bar.ax.text(1.6, math.log10(influence.threshold), "threshold", color="red", va="center", fontsize=8, transform=bar.ax.get_yaxis_transform())
+        bar.ax.text(
+            1.6,
+            math.log10(influence.threshold),
+            "threshold",
+            color="red",
+            va="center",
+            fontsize=8,
+            transform=bar.ax.get_yaxis_transform(),
+        )
     padded = [i for i in range(length_out) if not bool(influence.outputs[i])]
     if padded:  # rows that are not compared: padded outputs
         for axis in (left, right):

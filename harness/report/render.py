@@ -10,7 +10,14 @@ from typing import Any
 
 from ..engine.verdict import SEVERITY, diff_ratio, worst
 
-STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not_applicable": "n/a", "error": "ERROR", "not_run": "NOT RUN"}
+STATUS_MARK = {
+    "pass": "PASS",
+    "fail": "FAIL",
+    "warn": "WARN",
+    "not_applicable": "n/a",
+    "error": "ERROR",
+    "not_run": "NOT RUN",
+}
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
 
 
@@ -33,7 +40,15 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     for suite in result.suites:
         check = suite.worst_check()
         reason = "" if check is None else (check.message if suite.status != "pass" else "")
-        rows.append((suite.name, STATUS_MARK[suite.status], str(suite.cases), diff_text(suite.largest_diff_check()), one_line(reason, width)))
+        rows.append(
+            (
+                suite.name,
+                STATUS_MARK[suite.status],
+                str(suite.cases),
+                diff_text(suite.largest_diff_check()),
+                one_line(reason, width),
+            )
+        )
         if verbose:
             for c in suite.checks:
                 rows.append((f"  {c.name}", STATUS_MARK[c.status], "", diff_text(c), one_line(c.message, width)))
@@ -45,14 +60,26 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     for suite_name, c in failing:  # every one: a failure the table names but never explains helps nobody
         lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, None if verbose else 200)}")
         lines += case_lines(c)
-    lines += [f"  reproduction of {suite.name}: {how_to_reproduce(suite.reproduction)}" for suite in result.suites if suite.reproduction]
+    lines += [
+        f"  reproduction of {suite.name}: {how_to_reproduce(suite.reproduction)}"
+        for suite in result.suites
+        if suite.reproduction
+    ]
     for probe in result.probes:
         summary = probe["summary"]
         if "error" in summary:
             lines.append(f"  probe {probe['name']}: {summary['error']}")
         else:
-            measured = {k: summary[k] for k in ("accuracy", "effective_length", "reach", "edge_vs_middle", "closed_book_accuracy") if k in summary}
-            lines.append(f"  probe {probe['name']}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items()) + (f"; picture {probe['picture']}" if probe.get("picture") else ""))
+            measured = {
+                k: summary[k]
+                for k in ("accuracy", "effective_length", "reach", "edge_vs_middle", "closed_book_accuracy")
+                if k in summary
+            }
+            lines.append(
+                f"  probe {probe['name']}: "
+                + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in measured.items())
+                + (f"; picture {probe['picture']}" if probe.get("picture") else "")
+            )
     lines.append(f"verdict: {STATUS_MARK[result.status]} in {seconds:.1f}s (exit {result.exit_code})")
     return "\n".join(lines)
 
@@ -79,7 +106,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# maskcheck audit of `{report['model']}`",
         "",
-        f"**Verdict: {STATUS_MARK[status]}**" + ("" if report.get("complete", True) else f" (did not run: {', '.join(report.get('not_run', []))})"),
+        f"**Verdict: {STATUS_MARK[status]}**"
+        + ("" if report.get("complete", True) else f" (did not run: {', '.join(report.get('not_run', []))})"),
         "",
         "| environment | |",
         "|---|---|",
@@ -94,17 +122,25 @@ def render_markdown(report: dict[str, Any]) -> str:
         check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
         largest = max((c for c in checks if c.max_diff is not None and c.threshold), key=diff_ratio, default=None)
         reason = "" if check is None or suite["status"] == "pass" else one_line(check.message, 160)
-        lines.append(f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |")
-        details += [(suite, c) for c in checks if c.status not in ("pass", "not_applicable") or getattr(c, "table", None)]
+        lines.append(
+            f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |"
+        )
+        details += [
+            (suite, c) for c in checks if c.status not in ("pass", "not_applicable") or getattr(c, "table", None)
+        ]
     if details:
         lines += ["", "## Checks that did not pass, and evidence tables", ""]
     for suite, check in details:
         lines += [f"### {suite['name']} / {check.name}: {STATUS_MARK[check.status]}", "", check.message, ""]
         if check.max_diff is not None and check.threshold:
-            lines += [f"- measured {check.max_diff:.3g}, noise floor {check.floor or 0:.3g}, threshold {check.threshold:.3g}"]
+            lines += [
+                f"- measured {check.max_diff:.3g}, noise floor {check.floor or 0:.3g}, threshold {check.threshold:.3g}"
+            ]
         if check.positions:
             more = f" ... ({len(check.positions)} in all)" if len(check.positions) > 16 else ""
-            lines += [f"- positions [{getattr(check, 'positions_label', 'row, position')}]: {check.positions[:16]}{more}"]
+            lines += [
+                f"- positions [{getattr(check, 'positions_label', 'row, position')}]: {check.positions[:16]}{more}"
+            ]
         if check.case:
             lines += [f"- case: `{check.case}`"]
         if getattr(check, "table", None):
@@ -114,7 +150,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     for probe in report.get("probes", []):
         lines += [f"## Probe: {probe['name']}", "", "| measure | value |", "|---|---|"]
-        lines += [f"| {key} | {f'{value:.3g}' if isinstance(value, float) else value} |" for key, value in probe["summary"].items() if not isinstance(value, (dict, list))]
+        lines += [
+            f"| {key} | {f'{value:.3g}' if isinstance(value, float) else value} |"
+            for key, value in probe["summary"].items()
+            if not isinstance(value, (dict, list))
+        ]
         if probe.get("picture"):
             lines += ["", f"![{probe['name']}]({os.path.basename(probe['picture'])})"]
         lines.append("")
@@ -122,7 +162,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         if suite.get("picture"):
             lines += [f"![{suite['name']} effective mask]({os.path.basename(suite['picture'])})", ""]
         if suite.get("reproduction"):
-            lines += [f"Reproduce `{suite['name']}`: `pytest {suite['reproduction']}` or `maskcheck replay {suite['reproduction']}`", ""]
+            lines += [
+                f"Reproduce `{suite['name']}`: `pytest {suite['reproduction']}` or `maskcheck replay {suite['reproduction']}`",
+                "",
+            ]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -47,7 +47,12 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
 
     torch.set_num_threads(1)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))  # a type that explodes fails alone, fast
-    record: dict[str, Any] = {"type": model_type, "task": task, "implementation": implementation, "transformers": transformers.__version__}
+    record: dict[str, Any] = {
+        "type": model_type,
+        "task": task,
+        "implementation": implementation,
+        "transformers": transformers.__version__,
+    }
     started = time.perf_counter()
     errors = []
     for level in SHRINK_LEVELS:  # the smallest config whose plain forward runs
@@ -61,7 +66,9 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     else:
         record.update(built=False, error="; ".join(errors), seconds=round(time.perf_counter() - started, 2))
         return record
-    record.update(built=True, shrink=level, config=config.to_dict())  # whole: a default that depends on another field (layer lists) must not come back wrong
+    record.update(
+        built=True, shrink=level, config=config.to_dict()
+    )  # whole: a default that depends on another field (layer lists) must not come back wrong
     record["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     try:
         result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), list(SWEEP_SUITES), profile=profile)
@@ -142,14 +149,31 @@ def sweep(args: argparse.Namespace) -> int:
         record = run_isolated(model_type, task, implementation, args.profile, args.timeout)
         with args.out.open("a") as out:
             out.write(json.dumps(record, default=str) + "\n")
-        statuses = " ".join(f"{k}={v['status']}" for k, v in record.get("suites", {}).items()) or record.get("error", "")
+        statuses = " ".join(f"{k}={v['status']}" for k, v in record.get("suites", {}).items()) or record.get(
+            "error", ""
+        )
         elapsed = time.perf_counter() - started
-        print(f"[{index}/{len(plan)} {elapsed / 60:.1f} min] {task} {model_type} {implementation}: {statuses[:160]}", file=sys.stderr, flush=True)
+        print(
+            f"[{index}/{len(plan)} {elapsed / 60:.1f} min] {task} {model_type} {implementation}: {statuses[:160]}",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 
 def run_isolated(model_type: str, task: str, implementation: str, profile: str, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--one", model_type, "--task", task, "--implementations", implementation, "--profile", profile]
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        model_type,
+        "--task",
+        task,
+        "--implementations",
+        implementation,
+        "--profile",
+        profile,
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
     record = {"type": model_type, "task": task, "implementation": implementation}
     try:
@@ -167,7 +191,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="causal-lm", choices=[*TASKS, "all"])
     parser.add_argument("--types", help="comma-separated model types (default: every type of the task's auto mapping)")
-    parser.add_argument("--implementations", default="default,eager", help="attention implementations, 'default' = the model's own (default: default,eager)")
+    parser.add_argument(
+        "--implementations",
+        default="default,eager",
+        help="attention implementations, 'default' = the model's own (default: default,eager)",
+    )
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
     parser.add_argument("--timeout", type=float, default=180, help="seconds per audit (default: 180)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON lines (default: {RESULTS.relative_to(ROOT)})")

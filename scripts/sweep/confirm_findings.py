@@ -80,11 +80,35 @@ def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple
     )
 
 
-def reproduce(model_type: str, task: str, suite: str, implementation: str, check: str, verdict: str, timeout: float) -> dict:
-    command = [sys.executable, str(ROOT / "scripts" / "reproduce_finding.py"), model_type, check, "--task", task, "--implementation", implementation]
-    record = {"type": model_type, "task": task, "suite": suite, "implementation": implementation, "check": check, "verdict": verdict}
+def reproduce(
+    model_type: str, task: str, suite: str, implementation: str, check: str, verdict: str, timeout: float
+) -> dict:
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "reproduce_finding.py"),
+        model_type,
+        check,
+        "--task",
+        task,
+        "--implementation",
+        implementation,
+    ]
+    record = {
+        "type": model_type,
+        "task": task,
+        "suite": suite,
+        "implementation": implementation,
+        "check": check,
+        "verdict": verdict,
+    }
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})
+        completed = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"},
+        )
     except subprocess.TimeoutExpired:
         return {**record, "difference": None, "confirmed": None, "output": f"timed out after {timeout:.0f} s"}
     found = DIFFERENCE.search(completed.stdout)
@@ -94,25 +118,48 @@ def reproduce(model_type: str, task: str, suite: str, implementation: str, check
     difference = float(found.group(1))
     lines = [line for line in completed.stdout.splitlines() if line.strip()]
     # reproduce_finding.py exits 1 when the property does not hold (its own threshold per check)
-    return {**record, "difference": difference, "confirmed": completed.returncode == 1, "output": " | ".join(lines[-3:])[:400]}
+    return {
+        **record,
+        "difference": difference,
+        "confirmed": completed.returncode == 1,
+        "output": " | ".join(lines[-3:])[:400],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--again", action="store_true")
-    parser.add_argument("--warnings", action="store_true", help="also measure every WARN's behaviour with its direct check (a real behaviour shows a difference)")
+    parser.add_argument(
+        "--warnings",
+        action="store_true",
+        help="also measure every WARN's behaviour with its direct check (a real behaviour shows a difference)",
+    )
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--implementation", help="only the verdicts of this attention implementation (default: all)")
-    parser.add_argument("--type", action="append", dest="types", metavar="TYPE", help="only this model type (repeatable; default: all)")
-    parser.add_argument("--suite", action="append", dest="suites", choices=REPRODUCIBLE, help="only this suite's verdicts (repeatable; default: all)")
+    parser.add_argument(
+        "--type", action="append", dest="types", metavar="TYPE", help="only this model type (repeatable; default: all)"
+    )
+    parser.add_argument(
+        "--suite",
+        action="append",
+        dest="suites",
+        choices=REPRODUCIBLE,
+        help="only this suite's verdicts (repeatable; default: all)",
+    )
     args = parser.parse_args()
     done = set()
     if CONFIRMED.is_file() and not args.again:
-        done = {(r["type"], r["task"], r["suite"], r.get("implementation", "default"), r.get("verdict")) for r in map(json.loads, CONFIRMED.read_text().splitlines())}
+        done = {
+            (r["type"], r["task"], r["suite"], r.get("implementation", "default"), r.get("verdict"))
+            for r in map(json.loads, CONFIRMED.read_text().splitlines())
+        }
     plan = [
         key
         for key in failures(RESULTS, ("fail", "warn") if args.warnings else ("fail",))
-        if (*key[:4], key[5]) not in done and args.implementation in (None, key[3]) and (not args.types or key[0] in args.types) and (not args.suites or key[2] in args.suites)
+        if (*key[:4], key[5]) not in done
+        and args.implementation in (None, key[3])
+        and (not args.types or key[0] in args.types)
+        and (not args.suites or key[2] in args.suites)
     ]
     print(f"confirm: {len(plan)} findings to reproduce", file=sys.stderr)
     for index, (model_type, task, suite, implementation, check, verdict) in enumerate(plan, 1):
@@ -120,7 +167,11 @@ def main() -> int:
         with CONFIRMED.open("a") as out:
             out.write(json.dumps(record) + "\n")
         verdict = {True: "confirmed", False: "NOT CONFIRMED", None: "could not run"}[record["confirmed"]]
-        print(f"[{index}/{len(plan)}] {model_type} {task} {suite} ({implementation}): {verdict} ({record['difference']})", file=sys.stderr, flush=True)
+        print(
+            f"[{index}/{len(plan)}] {model_type} {task} {suite} ({implementation}): {verdict} ({record['difference']})",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 

@@ -32,12 +32,17 @@ def cell(records: list[dict[str, Any]], suite: str) -> str:
     return marks[0] if len(set(marks)) == 1 else " / ".join(marks)
 
 
-def confirmations(path: Path, records: dict[tuple[str, str, str], dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+def confirmations(
+    path: Path, records: dict[tuple[str, str, str], dict[str, Any]]
+) -> dict[tuple[str, str, str, str], dict[str, Any]]:
     """scripts/sweep/confirm_findings.py's last result per (type, task, suite, implementation), where
     it confirms the verdict ``records`` holds now (one made for an earlier verdict is stale)."""
     if not path.is_file():
         return {}
-    last = {(r["type"], r["task"], r["suite"], r.get("implementation", "default")): r for r in map(json.loads, path.read_text().splitlines())}
+    last = {
+        (r["type"], r["task"], r["suite"], r.get("implementation", "default")): r
+        for r in map(json.loads, path.read_text().splitlines())
+    }
     current = {}
     for (model_type, task, suite, implementation), confirmation in last.items():
         record = records.get((model_type, task, implementation), {})
@@ -48,7 +53,11 @@ def confirmations(path: Path, records: dict[tuple[str, str, str], dict[str, Any]
 
 def measured(record: dict[str, Any]) -> str:
     """The direct check's difference, and whether float64 decided it (a small difference)."""
-    remeasured = " (the same in float64: not rounding)" if "(float64;" in record.get("output", "") and record["confirmed"] else ""
+    remeasured = (
+        " (the same in float64: not rounding)"
+        if "(float64;" in record.get("output", "") and record["confirmed"]
+        else ""
+    )
     return f"{record['difference']:.3g}{remeasured}"
 
 
@@ -71,9 +80,17 @@ def warn_note(record: dict[str, Any]) -> str:
     return f" The direct check does not show it (max |difference| {record['difference']:.3g}): the warning rests on maskcheck's measurement alone."
 
 
-def verdict_keys(built: dict[tuple[str, str], list[dict[str, Any]]], wanted: Callable[[str, dict[str, Any]], bool]) -> list[tuple[str, str, str, str]]:
+def verdict_keys(
+    built: dict[tuple[str, str], list[dict[str, Any]]], wanted: Callable[[str, dict[str, Any]], bool]
+) -> list[tuple[str, str, str, str]]:
     """(type, task, suite, implementation) of every verdict ``wanted(suite, verdict)`` picks."""
-    return [(t, task, suite, r["implementation"]) for (t, task), rs in built.items() for r in rs for suite, data in r["suites"].items() if wanted(suite, data)]
+    return [
+        (t, task, suite, r["implementation"])
+        for (t, task), rs in built.items()
+        for r in rs
+        for suite, data in r["suites"].items()
+        if wanted(suite, data)
+    ]
 
 
 def measured_warn(suite: str, data: dict[str, Any]) -> bool:
@@ -81,7 +98,9 @@ def measured_warn(suite: str, data: dict[str, Any]) -> bool:
     return suite in REPRODUCIBLE and data["status"] == "warn"
 
 
-def warn_tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
+def warn_tally(
+    built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]
+) -> str:
     """One line: how many WARNs the direct checks measured, and what they showed."""
     keys = verdict_keys(built, measured_warn)
     found = [confirmed[key] for key in keys if key in confirmed]
@@ -93,7 +112,9 @@ def warn_tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: di
     )
 
 
-def tally(built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]) -> str:
+def tally(
+    built: dict[tuple[str, str], list[dict[str, Any]]], confirmed: dict[tuple[str, str, str, str], dict[str, Any]]
+) -> str:
     """One line: how many reproducible FAILs (every implementation) the direct checks confirmed."""
     keys = verdict_keys(built, lambda suite, data: suite in REPRODUCIBLE and data["status"] == "fail")
     found = [confirmed.get(key) for key in keys]
@@ -155,33 +176,55 @@ def render(results: Path, out: Path) -> None:
         "and state-space caches (`state`, Mamba's cache) are checked on the path users run; where",
         "`generate()` feeds other inputs than the prompt (XLM, XLNet, OpenAI-GPT, CPM-Ant) it compares",
         "`generate()` with its cache against `generate()` without (`generate_use_cache`).",
-        *(["Only the default attention implementation has been swept with this version."] if implementations == ["default"] else []),
+        *(
+            ["Only the default attention implementation has been swept with this version."]
+            if implementations == ["default"]
+            else []
+        ),
         "",
         "| type | task | " + " | ".join(TABLE_SUITES) + " |",
         "|---|---|" + "---|" * len(TABLE_SUITES),
     ]
     for (model_type, task), rs in sorted(built.items()):
         lines.append(f"| {model_type} | {task} | " + " | ".join(cell(rs, s) for s in TABLE_SUITES) + " |")
-    lines += ["", "## Findings", "", "Every verdict other than pass and not applicable, with its measurement and reproduction.", ""]
+    lines += [
+        "",
+        "## Findings",
+        "",
+        "Every verdict other than pass and not applicable, with its measurement and reproduction.",
+        "",
+    ]
     for (model_type, task), rs in sorted(built.items()):
         for record in rs:
             for suite in SUITES:
                 data = record["suites"].get(suite)
                 if not data or data["status"] in ("pass", "not_applicable"):
                     continue
-                size = f" (measured {data['max_diff']:.3g}, threshold {data['threshold']:.3g})" if data.get("max_diff") is not None and data.get("threshold") else ""
+                size = (
+                    f" (measured {data['max_diff']:.3g}, threshold {data['threshold']:.3g})"
+                    if data.get("max_diff") is not None and data.get("threshold")
+                    else ""
+                )
                 message = " ".join(data["message"].split())
                 message = message if len(message) <= 300 else message[:297] + "..."
                 impl = "" if record["implementation"] == "default" else f" --implementation {record['implementation']}"
                 task_flag = "" if task == "causal-lm" else f" --task {task}"
                 measured = confirmed.get((model_type, task, suite, record["implementation"]))
-                check = measured.get("check", suite) if measured else suite  # a WARN's behaviour has a direct check of its own
-                reproduce = f" Reproduce: `python scripts/sweep/reproduce_finding.py {model_type} {check}{task_flag}{impl}`." if suite in REPRODUCIBLE else ""
+                check = (
+                    measured.get("check", suite) if measured else suite
+                )  # a WARN's behaviour has a direct check of its own
+                reproduce = (
+                    f" Reproduce: `python scripts/sweep/reproduce_finding.py {model_type} {check}{task_flag}{impl}`."
+                    if suite in REPRODUCIBLE
+                    else ""
+                )
                 if suite in REPRODUCIBLE and data["status"] == "fail":
                     reproduce += confirmation_note(measured)
                 elif measured_warn(suite, data) and measured is not None:
                     reproduce += warn_note(measured)
-                lines.append(f"- **{model_type}** {suite} ({record['implementation']}): {MARK[data['status']]} {data['check']}{size}: {message}.{reproduce}")
+                lines.append(
+                    f"- **{model_type}** {suite} ({record['implementation']}): {MARK[data['status']]} {data['check']}{size}: {message}.{reproduce}"
+                )
     lines += ["", "## Not applicable", "", "| suite | reason | types |", "|---|---|---|"]
     reasons: Counter[tuple[str, str]] = Counter()
     for rs in built.values():

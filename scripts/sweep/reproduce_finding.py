@@ -50,11 +50,17 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
     import transformers
 
     record = next(
-        (r for r in map(json.loads, results.read_text().splitlines()) if (r["type"], r["task"]) == (model_type, task) and "config" in r),
+        (
+            r
+            for r in map(json.loads, results.read_text().splitlines())
+            if (r["type"], r["task"]) == (model_type, task) and "config" in r
+        ),
         None,
     )
     if record is None:
-        raise SystemExit(f"{model_type} ({task}) is not in {results}: run scripts/sweep/architecture_sweep.py --types {model_type}")
+        raise SystemExit(
+            f"{model_type} ({task}) is not in {results}: run scripts/sweep/architecture_sweep.py --types {model_type}"
+        )
     # The default config with the recorded fields set on it, as the sweep shrank it (some shrunk
     # configs, XLNet's d_head say, would not pass the constructor's validation).
     config = transformers.AutoConfig.for_model(model_type)
@@ -63,10 +69,17 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
         # Labels are shifted into decoder inputs behind these ids (EncoderDecoderModel sets
         # neither); maskcheck passed decoder inputs itself, so the decoder's own ids reproduce it.
         decoder = config.get_text_config(decoder=True)
-        for key, fallback in (("decoder_start_token_id", getattr(decoder, "bos_token_id", None) or 1), ("pad_token_id", getattr(decoder, "pad_token_id", None) or 0)):
+        for key, fallback in (
+            ("decoder_start_token_id", getattr(decoder, "bos_token_id", None) or 1),
+            ("pad_token_id", getattr(decoder, "pad_token_id", None) or 0),
+        ):
             if getattr(config, key, None) is None:
                 setattr(config, key, fallback)
-    auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM, "seq2seq": transformers.AutoModelForSeq2SeqLM}[task]
+    auto = {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }[task]
     torch.manual_seed(0)
     kwargs = {} if implementation == "default" else {"attn_implementation": implementation}
     return auto.from_config(config, **kwargs).eval()
@@ -115,7 +128,9 @@ def log_probs(model: torch.nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
 SOURCE_SEED = 3
 
 
-def predicted(model: torch.nn.Module, row: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+def predicted(
+    model: torch.nn.Module, row: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """Log-probabilities over ``row`` on the side the model predicts: an encoder-decoder gets
     ``row`` as its decoder input (with a fixed source of 5 tokens), a decoder or an encoder as
     its input."""
@@ -174,7 +189,9 @@ def beyond_rounding(difference: float, model: torch.nn.Module) -> bool:
     return difference > BARS[next(model.parameters()).dtype]
 
 
-def remeasured_in_float64(model: torch.nn.Module, check: Callable[[torch.nn.Module, str], tuple[float, bool]], task: str, in_float32: float) -> tuple[float, bool] | None:
+def remeasured_in_float64(
+    model: torch.nn.Module, check: Callable[[torch.nn.Module, str], tuple[float, bool]], task: str, in_float32: float
+) -> tuple[float, bool] | None:
     """A difference measured in float32 between zero and the float32 bar, measured again with
     the model in float64, whichever way the float32 check decided: rounding error shrinks
     2**29-fold there, a behaviour does not depend on the precision. A finding when the
@@ -182,18 +199,28 @@ def remeasured_in_float64(model: torch.nn.Module, check: Callable[[torch.nn.Modu
     (a same-shape leak check finds any difference; mixture-of-experts layers reorder their
     sums with the batch, 1e-7 in float32, 1e-16 in float64). None (after saying why) when
     the model does not run in float64, or not to a finite result: the float32 result stands."""
-    print(f"{in_float32:.3g} lies between zero and the float32 bar ({BARS[torch.float32]:g}): measuring again in float64, where rounding shrinks 2**29-fold")
+    print(
+        f"{in_float32:.3g} lies between zero and the float32 bar ({BARS[torch.float32]:g}): measuring again in float64, where rounding shrinks 2**29-fold"
+    )
     try:
         difference, finding = check(model.to(torch.float64), task)
     except Exception as exc:  # noqa: BLE001 - some models build float32 tensors of their own (XLNet, Mixtral's grouped matmul)
-        print(f"the model does not run in float64 ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): the float32 result stands")
+        print(
+            f"the model does not run in float64 ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): the float32 result stands"
+        )
         return None
     if not math.isfinite(difference):  # some models' masks overflow in float64 (Beam's eager attention)
         print(f"in float64 the check measures {difference}: it cannot decide, the float32 result stands")
         return None
     kept = difference >= in_float32 / 2
     finding = finding and kept
-    reason = "a behaviour: it kept its size" if finding else ("rounding: it shrank with the precision" if not kept else f"below the float64 bar ({BARS[torch.float64]:g})")
+    reason = (
+        "a behaviour: it kept its size"
+        if finding
+        else (
+            "rounding: it shrank with the precision" if not kept else f"below the float64 bar ({BARS[torch.float64]:g})"
+        )
+    )
     print(f"in float64: {difference:.3g} against {in_float32:.3g} in float32: {reason}")
     return difference, finding
 
@@ -241,7 +268,9 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         moved = long.clone()
         moved[0, 0] = (moved[0, 0] + 1) % vocab_size(model)
         beyond = float((predicted(model, long)[:, reach + 1 :] - predicted(model, moved)[:, reach + 1 :]).abs().max())
-        print(f"window {window} over {layers} layers (reach {reach}): the first token moves outputs beyond the reach by {beyond:.3g}")
+        print(
+            f"window {window} over {layers} layers (reach {reach}): the first token moves outputs beyond the reach by {beyond:.3g}"
+        )
         worst = max(worst, beyond)
     return worst, worst > 0.0
 
@@ -289,9 +318,13 @@ def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     prompts = [ids(model, 4, seed=1), ids(model, 2, seed=2)]
     decoded = greedy(model, generation_inputs(model, prompts)[0])  # with the cache: both comparisons below read it
     by_toggle = cache_toggled(model, prompts, decoded)
-    print(f"generate() on a left-padded batch with its cache against without (use_cache=False): max |d log p| = {by_toggle:.3g}")
+    print(
+        f"generate() on a left-padded batch with its cache against without (use_cache=False): max |d log p| = {by_toggle:.3g}"
+    )
     if not feeds_prompt_as_is(model):
-        print("generate() does not feed this model its prompt as it is (it prepares other inputs), so only generate() against itself applies")
+        print(
+            "generate() does not feed this model its prompt as it is (it prepares other inputs), so only generate() against itself applies"
+        )
         return by_toggle, beyond_rounding(by_toggle, model)
     padded = generated_against_alone(model, prompts, decoded)
     print(f"generate() on a left-padded batch, one token a step: max |d log p| = {padded:.3g}")
@@ -304,7 +337,9 @@ def kv_cache(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     try:
         by_chunk = chunk_after_cache(model, sequences[:, :6])
     except Exception as exc:  # noqa: BLE001 - a model whose cache refuses chunks (ProphetNet) still has its generate() result
-        print(f"a chunk of 2 tokens after a cache: the model refuses it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        print(
+            f"a chunk of 2 tokens after a cache: the model refuses it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        )
         return by_generate, beyond_rounding(by_generate, model)
     print(f"a chunk of 2 tokens after a cache of 4: max |d log p| = {by_chunk:.3g}")
     worst = max(by_generate, by_chunk)
@@ -317,34 +352,60 @@ def feeds_prompt_as_is(model: torch.nn.Module) -> bool:
     if model.config.is_encoder_decoder:
         return True
     prompt = ids(model, 2)
-    prepared = model.prepare_inputs_for_generation(prompt, is_first_iteration=True, use_cache=True, attention_mask=torch.ones_like(prompt))
+    prepared = model.prepare_inputs_for_generation(
+        prompt, is_first_iteration=True, use_cache=True, attention_mask=torch.ones_like(prompt)
+    )
     fed = prepared.get("input_ids")
     return not isinstance(fed, torch.Tensor) or fed.shape[1] == 2
 
 
-def generation_inputs(model: torch.nn.Module, prompts: list[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+def generation_inputs(
+    model: torch.nn.Module, prompts: list[torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     """generate()'s keywords for ``prompts`` left-padded into one batch (an encoder-decoder
     gets them as its decoder's start, with a source of 5 tokens per row), and the sources."""
     pad = getattr(model.config, "pad_token_id", None) or 0
     length = max(p.shape[1] for p in prompts)
-    rows = torch.cat([torch.cat([torch.full((1, length - p.shape[1]), pad), p], 1) for p in prompts])  # [B, length], left-padded
-    mask = torch.cat([torch.cat([torch.zeros(1, length - p.shape[1], dtype=torch.long), torch.ones_like(p)], 1) for p in prompts])
+    rows = torch.cat(
+        [torch.cat([torch.full((1, length - p.shape[1]), pad), p], 1) for p in prompts]
+    )  # [B, length], left-padded
+    mask = torch.cat(
+        [torch.cat([torch.zeros(1, length - p.shape[1], dtype=torch.long), torch.ones_like(p)], 1) for p in prompts]
+    )
     sources = [ids(model, 5, seed=3 + i) for i in range(len(prompts))]
     if not model.config.is_encoder_decoder:
         return {"input_ids": rows, "attention_mask": mask, "pad_token_id": pad}, sources
     # a shrunk config may name no start token; generate() then refuses to run
     start = getattr(model.config, "decoder_start_token_id", None) or pad
-    return {"input_ids": torch.cat(sources), "decoder_input_ids": rows, "decoder_attention_mask": mask, "decoder_start_token_id": start, "pad_token_id": pad}, sources
+    return {
+        "input_ids": torch.cat(sources),
+        "decoder_input_ids": rows,
+        "decoder_attention_mask": mask,
+        "decoder_start_token_id": start,
+        "pad_token_id": pad,
+    }, sources
 
 
-def greedy(model: torch.nn.Module, inputs: dict[str, torch.Tensor], use_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], use_cache: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """generate()'s greedy decoding of 4 new tokens: the sequences and the log-probabilities each new token was chosen from [B, 4, V]."""
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, use_cache=use_cache)
+        out = model.generate(
+            **inputs,
+            max_new_tokens=4,
+            min_new_tokens=4,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            use_cache=use_cache,
+        )
     return out.sequences, F.log_softmax(torch.stack(out.logits, dim=1).double(), dim=-1)
 
 
-def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor]) -> float:
+def cache_toggled(
+    model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor]
+) -> float:
     """generate() with its cache (``decoded``: :func:`greedy` of ``prompts``) against generate()
     without (use_cache=False), step by step while the two have chosen the same tokens."""
     cached_sequences, cached = decoded
@@ -357,18 +418,26 @@ def cache_toggled(model: torch.nn.Module, prompts: list[torch.Tensor], decoded: 
     return worst
 
 
-def generated_against_alone(model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+def generated_against_alone(
+    model: torch.nn.Module, prompts: list[torch.Tensor], decoded: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> float:
     """generate() (greedy, 4 new tokens, its own cache) on ``prompts`` left-padded into one
     batch (``decoded`` when already run), against each row's own forward, alone and
     unpadded, over the same tokens."""
     inputs, sources = generation_inputs(model, prompts)
     sequences, generated = decoded if decoded is not None else greedy(model, inputs)  # [B, ...], [B, 4, V]
     new = sequences[:, -4:]  # [B, 4]
-    started = sequences.shape[1] - max(p.shape[1] for p in prompts) - 4  # generate() may put a decoder start token first
+    started = (
+        sequences.shape[1] - max(p.shape[1] for p in prompts) - 4
+    )  # generate() may put a decoder start token first
     worst = 0.0
     for i, own in enumerate(prompts):
         fed = torch.cat([sequences[i : i + 1, :started], own, new[i : i + 1, :-1]], dim=1)  # the row alone, unpadded
-        row_inputs = {"input_ids": sources[i], "decoder_input_ids": fed} if model.config.is_encoder_decoder else {"input_ids": fed}
+        row_inputs = (
+            {"input_ids": sources[i], "decoder_input_ids": fed}
+            if model.config.is_encoder_decoder
+            else {"input_ids": fed}
+        )
         alone = log_probs(model, **row_inputs)[0, -4:]  # [4, V]: the positions generate() chose from
         worst = max(worst, float((alone - generated[i]).abs().max()))
     return worst
@@ -384,10 +453,16 @@ def chunk_after_cache(model: torch.nn.Module, row: torch.Tensor) -> float:
         kwargs = {"use_cache": True, "attention_mask": torch.ones(1, 4, dtype=torch.long)}
         if takes(model, "position_ids"):
             kwargs["position_ids"] = position_ids(model, [0, 1, 2, 3])
-        model._prepare_cache_for_generation(GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, 1, 16)
-        prefill = model(**model.prepare_inputs_for_generation(row[:, :4], is_first_iteration=True, **kwargs), return_dict=True)
+        model._prepare_cache_for_generation(
+            GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, 1, 16
+        )
+        prefill = model(
+            **model.prepare_inputs_for_generation(row[:, :4], is_first_iteration=True, **kwargs), return_dict=True
+        )
         kwargs = model._update_model_kwargs_for_generation(prefill, kwargs, num_new_tokens=2)
-        step = model(**model.prepare_inputs_for_generation(row, next_sequence_length=2, **kwargs), return_dict=True).logits
+        step = model(
+            **model.prepare_inputs_for_generation(row, next_sequence_length=2, **kwargs), return_dict=True
+        ).logits
     return float((log_probs(model, input_ids=row)[:, 4:] - F.log_softmax(step.double(), -1)).abs().max())
 
 
@@ -407,7 +482,11 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     pad = getattr(model.config, "pad_token_id", None) or 0
     padded = torch.cat([torch.full((1, 2), pad), row], dim=1)
     mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones_like(row)], dim=1)
-    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0) + first_position(model)} if takes(model, "position_ids") else {}
+    extra = (
+        {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0) + first_position(model)}
+        if takes(model, "position_ids")
+        else {}
+    )
     with torch.no_grad():
         alone = model(input_ids=row, labels=row).loss
         # The first real token has no real token before it: alone it is never a target, so padded it is none either.
@@ -420,7 +499,9 @@ def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         with_other_pads = model(input_ids=other_pads, attention_mask=mask, labels=padded_labels, **extra).loss
     by_padding = float((alone.double() - with_padding.double()).abs())
     by_pad_ids = float((with_padding.double() - with_other_pads.double()).abs())
-    print(f"loss against the reference: |difference| = {by_reference:.3g}; left-padded against alone: {by_padding:.3g}; other ids in the padded slots: {by_pad_ids:.3g}")
+    print(
+        f"loss against the reference: |difference| = {by_reference:.3g}; left-padded against alone: {by_padding:.3g}; other ids in the padded slots: {by_pad_ids:.3g}"
+    )
     worst = max(by_reference, by_padding, by_pad_ids)
     return worst, beyond_rounding(worst, model)
 
@@ -441,7 +522,9 @@ def reach(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return far, far < 1e-5 and float(moved[0]) > 1e-3
 
 
-def source_pair(model: torch.nn.Module) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, int]:
+def source_pair(
+    model: torch.nn.Module,
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor, int]:
     """A function from (source ids, source mask) to the decoder's log-probabilities over a fixed
     decoder row of 4 tokens; the source of 5 tokens it is compared on; the pad id."""
     if not model.config.is_encoder_decoder:
@@ -470,8 +553,12 @@ def cross_attention(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     row, mask = padded_source(source, pad, "left")
     other, _ = padded_source(source, (pad + 5) % vocab_size(model), "left")
     by_ids = float((decoded(row, mask) - decoded(other, mask)).abs().max())
-    by_right = float((decoded(*padded_source(source, pad, "right")) - decoded(source, torch.ones_like(source))).abs().max())
-    print(f"changing padded source ids: max |d log p| = {by_ids:.3g}; a right-padded source against the source alone: {by_right:.3g}")
+    by_right = float(
+        (decoded(*padded_source(source, pad, "right")) - decoded(source, torch.ones_like(source))).abs().max()
+    )
+    print(
+        f"changing padded source ids: max |d log p| = {by_ids:.3g}; a right-padded source against the source alone: {by_right:.3g}"
+    )
     return max(by_ids, by_right), by_ids > 0.0 or beyond_rounding(by_right, model)
 
 
@@ -487,7 +574,9 @@ def source_positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     by_left = float((decoded(row, mask) - alone).abs().max())
     by_ids = float((decoded(row, mask) - decoded(other, mask)).abs().max())
     by_right = float((decoded(*padded_source(source, pad, "right")) - alone).abs().max())
-    print(f"a left-padded source against the source alone: max |d log p| = {by_left:.3g}; other ids in its padded slots: {by_ids:.3g}; a right-padded source: {by_right:.3g}")
+    print(
+        f"a left-padded source against the source alone: max |d log p| = {by_left:.3g}; other ids in its padded slots: {by_ids:.3g}; a right-padded source: {by_right:.3g}"
+    )
     return by_left, beyond_rounding(by_left, model) and by_ids == 0.0 and not beyond_rounding(by_right, model)
 
 
@@ -506,7 +595,9 @@ def positions(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     left_out = predicted(model, row, mask)[:, 2:]
     from_derived = float((derived - left_out).abs().max())
     from_counting = float((counting_padding - left_out).abs().max())
-    print(f"a left-padded row without position ids differs from derived positions by {from_derived:.3g}, from positions counting the padding by {from_counting:.3g}")
+    print(
+        f"a left-padded row without position ids differs from derived positions by {from_derived:.3g}, from positions counting the padding by {from_counting:.3g}"
+    )
     return from_derived, from_counting < from_derived
 
 
@@ -524,7 +615,9 @@ def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     b = log_probs(model, input_ids=torch.cat([changed, second], 1))[:, 4:]
     leak = float((a - b).abs().max())
     isolated, _ = packing(model, task)
-    print(f"packed back to back with no isolating input: the second sequence moves by {leak:.3g} (isolated path: {isolated:.3g})")
+    print(
+        f"packed back to back with no isolating input: the second sequence moves by {leak:.3g} (isolated path: {isolated:.3g})"
+    )
     return leak, beyond_rounding(leak, model) and isolated <= 1e-5
 
 
@@ -562,7 +655,9 @@ def main() -> int:
             measured = f"{remeasured[0]:.3g} (float64; {difference:.3g} in float32)"
             finding = remeasured[1]
     verdict = "the property does not hold (a finding)" if finding else "the property holds"
-    print(f"{args.type} ({type(model).__name__}, {args.implementation} attention) {args.suite}: max |difference| = {measured}: {verdict}")
+    print(
+        f"{args.type} ({type(model).__name__}, {args.implementation} attention) {args.suite}: max |difference| = {measured}: {verdict}"
+    )
     return 1 if finding else 0
 
 

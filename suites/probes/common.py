@@ -14,7 +14,9 @@ from .scoring import greedy_answer, score
 Progress = Callable[[int, int], None]  # (done, total)
 
 
-def haystack_for(adapter: Adapter, text: str | None = None, templates: Templates | dict[str, str] | None = None) -> SyntheticHaystack | TextHaystack:
+def haystack_for(
+    adapter: Adapter, text: str | None = None, templates: Templates | dict[str, str] | None = None
+) -> SyntheticHaystack | TextHaystack:
     """Text prompts for a model with a tokenizer; the synthetic retrieval language for a
     reference model trained on it (its checkpoint records the vocabulary). ``templates``
     may be given as a dict of :class:`Templates` fields."""
@@ -74,10 +76,18 @@ class ProbeResult:
         directory = Path(directory)
         stem = self.name
         grid_path = directory / f"{stem}.json"
-        write_json(grid_path, {"name": self.name, "model": self.model, "summary": self.summary, "grid": self.grid, "samples": self.samples})
+        write_json(
+            grid_path,
+            {
+                "name": self.name,
+                "model": self.model,
+                "summary": self.summary,
+                "grid": self.grid,
+                "samples": self.samples,
+            },
+        )
         self.grid_path = str(grid_path)
         self.picture = str(draw(self, directory / f"{stem}.png"))
-
 
 
 def sample_row(adapter: Adapter, prompt: Sample, generate: bool, **fields: Any) -> dict[str, Any]:

@@ -81,7 +81,9 @@ class SyntheticHaystack:
         row = self._row(length, pairs, slots, 0, seed)
         closed = self._without(row, slot)
         answer = torch.tensor([self.vocab.value(pairs[0][1])])
-        return Sample(row, closed, answer, self._values(rng, pairs[0][1]), (slot, slot + 2), {"depth": depth, "length": length})
+        return Sample(
+            row, closed, answer, self._values(rng, pairs[0][1]), (slot, slot + 2), {"depth": depth, "length": length}
+        )
 
     def items(self, length: int, count: int, asked_slot: int, seed: int) -> Sample:
         """``count`` pairs spread evenly from just after BOS to just before the question; the
@@ -96,7 +98,9 @@ class SyntheticHaystack:
         closed = self._without(row, start)
         value = pairs[asked_slot][1]
         answer = torch.tensor([self.vocab.value(value)])
-        return Sample(row, closed, answer, self._values(rng, value), (start, start + 2), {"slot": asked_slot, "length": length})
+        return Sample(
+            row, closed, answer, self._values(rng, value), (start, start + 2), {"slot": asked_slot, "length": length}
+        )
 
 
 def word_list() -> list[str]:
@@ -118,7 +122,9 @@ class Templates:
 class TextHaystack:
     """Prompts in text, tokenized by the model's own tokenizer (with its BOS policy)."""
 
-    def __init__(self, tokenizer: Any, text: str | None = None, templates: Templates | None = None, candidates: int = 4) -> None:
+    def __init__(
+        self, tokenizer: Any, text: str | None = None, templates: Templates | None = None, candidates: int = 4
+    ) -> None:
         self.tokenizer = tokenizer
         self.templates = templates or Templates()
         self.candidates = candidates
@@ -145,9 +151,13 @@ class TextHaystack:
         return list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]
 
     def _answer_ids(self, value: str) -> Tensor:
-        return torch.tensor(self.tokenizer(self.templates.answer.format(value=value), add_special_tokens=False)["input_ids"])
+        return torch.tensor(
+            self.tokenizer(self.templates.answer.format(value=value), add_special_tokens=False)["input_ids"]
+        )
 
-    def _assemble(self, sentences: list[str], inserts: dict[int, str], question: str) -> tuple[str, dict[int, tuple[int, int]]]:
+    def _assemble(
+        self, sentences: list[str], inserts: dict[int, str], question: str
+    ) -> tuple[str, dict[int, tuple[int, int]]]:
         """Join sentences with inserts before sentence index i; returns the text and each insert's char span."""
         parts, spans, position = [], {}, 0
         for i in range(len(sentences) + 1):
@@ -219,7 +229,15 @@ class TextHaystack:
         closed_text = text[: chars[0]] + text[chars[1] + 1 :]
         closed = torch.tensor(self._encode(closed_text)[0])
         distractors = [self._answer_ids(self._key_value(rng)[1]) for _ in range(self.candidates)]
-        meta = {"depth": depth, "length": len(ids), "asked_length": length, "needle_text": needle, "needle_chars": chars, "text": text, "value": value}
+        meta = {
+            "depth": depth,
+            "length": len(ids),
+            "asked_length": length,
+            "needle_text": needle,
+            "needle_chars": chars,
+            "text": text,
+            "value": value,
+        }
         return Sample(torch.tensor(ids), closed, self._answer_ids(value), distractors, span, meta)
 
     def items(self, length: int, count: int, asked_slot: int, seed: int) -> Sample:
@@ -244,10 +262,16 @@ class TextHaystack:
         closed_text = text[: chars[0]] + text[chars[1] + 1 :]
         distractors = [self._answer_ids(v) for k, v in pairs if v != value][: self.candidates]
         meta = {"slot": asked_slot, "length": len(ids), "needle_chars": chars, "value": value}
-        return Sample(torch.tensor(ids), torch.tensor(self._encode(closed_text)[0]), self._answer_ids(value), distractors, self._span(offsets, chars), meta)
+        return Sample(
+            torch.tensor(ids),
+            torch.tensor(self._encode(closed_text)[0]),
+            self._answer_ids(value),
+            distractors,
+            self._span(offsets, chars),
+            meta,
+        )
 
 
 def _sentences(text: str) -> list[str]:
     pieces = [s.strip() for s in text.replace("\n", " ").split(".")]
     return [p + "." for p in pieces if p]
-

@@ -75,12 +75,17 @@ def draw_curve(result: ProbeResult, path: Path) -> Path:
     high = [result.grid[str(s - 1)]["high"] - a for s, a in zip(slots, accuracy)]
     figure, axes = plt.subplots(figsize=(5.5, 3.4))
     axes.errorbar(slots, accuracy, yerr=[low, high], marker="o", capsize=3, label="item present")
-    axes.axhline(result.summary["closed_book_accuracy"], color="grey", linestyle="--", label="closed book (item removed)")
+    axes.axhline(
+        result.summary["closed_book_accuracy"], color="grey", linestyle="--", label="closed book (item removed)"
+    )
     axes.set_ylim(-0.05, 1.05)
     axes.set_xticks(slots)
     axes.set_xlabel(f"slot of the relevant item (1 = first of {items})")
     axes.set_ylabel("accuracy (greedy answer = value)")
-    axes.set_title(f"lost in the middle: {result.model}\nedge vs middle {result.summary['edge_vs_middle']:.2f}, {result.summary['length']} tokens", fontsize=9)
+    axes.set_title(
+        f"lost in the middle: {result.model}\nedge vs middle {result.summary['edge_vs_middle']:.2f}, {result.summary['length']} tokens",
+        fontsize=9,
+    )
     axes.grid(alpha=0.3)
     axes.legend(loc="center", fontsize=8)
     figure.tight_layout()

@@ -60,7 +60,11 @@ def run_needle(
         for depth in depths
         for cell_rows in [[r for r in rows if r["length"] == length and r["depth"] == depth]]
     }
-    by_length = {length: sum(r["is_greedy"] for r in rows if r["length"] == length) / max(1, sum(r["length"] == length for r in rows)) for length in lengths}
+    by_length = {
+        length: sum(r["is_greedy"] for r in rows if r["length"] == length)
+        / max(1, sum(r["length"] == length for r in rows))
+        for length in lengths
+    }
     summary = {
         "lengths": lengths,
         "depths": list(depths),
@@ -68,7 +72,9 @@ def run_needle(
         "threshold": threshold,
         "accuracy": sum(r["is_greedy"] for r in rows) / len(rows),
         "accuracy_by_length": {str(k): v for k, v in by_length.items()},
-        "min_accuracy_over_depths": {str(length): min(grid[f"{length}/{d:g}"]["accuracy"] for d in depths) for length in lengths},
+        "min_accuracy_over_depths": {
+            str(length): min(grid[f"{length}/{d:g}"]["accuracy"] for d in depths) for length in lengths
+        },
         "effective_length": effective_length(by_length, threshold),
         "reach": reach([(r["distance"], r["is_greedy"]) for r in rows], threshold),
         "mean_rank": sum(r["rank"] for r in rows) / len(rows),

@@ -48,7 +48,11 @@ def _rows(prompt: Tensor, candidate: Tensor) -> Tensor:
 
 
 def score(adapter: Adapter, sample: Sample) -> Score:
-    sequences = [(sample.prompt, sample.answer)] + [(sample.prompt, d) for d in sample.distractors] + [(sample.closed_book, sample.answer)]
+    sequences = (
+        [(sample.prompt, sample.answer)]
+        + [(sample.prompt, d) for d in sample.distractors]
+        + [(sample.closed_book, sample.answer)]
+    )
     rows = [_rows(p, c) for p, c in sequences]
     width = max(len(r) for r in rows)
     pad = adapter.capabilities.pad_token_id or 0
