@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
-from maskcheck.harness import runner  # noqa: E402
+from maskcheck.harness.audits import runner  # noqa: E402
 from maskcheck.harness.engine.suite import RunContext  # noqa: E402
 from maskcheck.reference_models.mutants import MUTANTS  # noqa: E402
 

@@ -181,9 +181,6 @@ COUNT_KEYS = frozenset(
     or k in ("moe_topk", "moe_k", "top_k")
 )
 SHRINK_LEVELS = ("full", "counts")
-#: the suites the architecture sweep audits: norm_checkpoint's evidence is about trained
-#: weights and a checkpoint's config, and the sweep's models are random-init from configs
-SWEEP_SUITES = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache")
 SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
 #: Kimi-Linear and Bailing-hybrid: multi-head latent attention without a query compression
 #: (q_lora_rank None, kept) beside linear-attention layers whose heads are set outright.

@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
 from maskcheck.harness.adapters.specs import adapter_for
-from maskcheck.harness.engine.registry import load_suite
+from maskcheck.harness.engine.registry import load_suite, suite_names
 from maskcheck.harness.engine.suite import Check, RunContext
 from maskcheck.harness.engine.tolerance import Tolerance, measure_reference_error
 from maskcheck.reference_models import PRESETS, Transformer
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
-    suites = [load_suite(n) for n in ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache")]
+    suites = [load_suite(n) for n in suite_names(lambda suite: suite.in_sweep)]
     print(f"{'dtype':<10} {'kind':<14} {'worst (eps*scale)':>18}  where")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))

@@ -112,6 +112,10 @@ def source_batch(adapter: Adapter, batch: int, length: int, seed: int) -> tuple[
 class CausalSuite(Suite):
     name = "causal"
     summary = "changing future tokens must not change past logits; influence matches the declared pattern"
+    order = 10
+    kind = "mask"
+    in_sweep = True
+    draws_effective_mask = True
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         return None  # every model has a pattern to check

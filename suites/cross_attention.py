@@ -57,6 +57,10 @@ def source_cases(max_length: int) -> st.SearchStrategy[SourceCase]:
 class CrossAttentionSuite(Suite):
     name = "cross_attention"
     summary = "encoder source padding is never read by the decoder"
+    order = 30
+    kind = "mask"
+    in_sweep = True
+    draws_effective_mask = True
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if capabilities.family != "encoder_decoder":

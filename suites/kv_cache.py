@@ -158,6 +158,9 @@ class CacheBatches(RowBatches):
 class KVCacheSuite(Suite):
     name = "kv_cache"
     summary = "incremental decoding with the cache equals the full-prefix forward"
+    order = 60
+    kind = "state"
+    in_sweep = True
 
     @staticmethod
     def no_cache(capabilities: Capabilities) -> str:

@@ -73,6 +73,9 @@ def reference_cross_entropy(logits: Tensor, labels: Tensor, shift: bool, normali
 class LossMaskingSuite(Suite):
     name = "loss_masking"
     summary = "the loss counts only valid target positions, with the right shift and normaliser"
+    order = 40
+    kind = "mask"
+    in_sweep = True
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_loss:

@@ -60,6 +60,8 @@ def describe(layout: dict[str, Any], fields: list[str] | None = None) -> str:
 class NormCheckpointSuite(Suite):
     name = "norm_checkpoint"
     summary = "a checkpoint runs under the norm layout and position scheme it was trained with"
+    order = 70
+    kind = "state"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         return None  # decided per evidence in checks(): a checkpoint's load evidence needs no layout

@@ -200,6 +200,9 @@ def packed_vs_padded(adapter: Adapter, context: RunContext, case: PackedCase) ->
 class PackingSuite(Suite):
     name = "packing"
     summary = "sequences packed in one row do not interfere"
+    order = 50
+    kind = "state"
+    in_sweep = True
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if capabilities.packing is None and capabilities.family == "encoder_decoder":

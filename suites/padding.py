@@ -87,6 +87,11 @@ def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
 class PaddingSuite(Suite):
     name = "padding"
     summary = "padded slots carry no information into real positions, whatever the batch"
+    order = 20
+    kind = "mask"
+    in_sweep = True
+    draws_effective_mask = True
+    batching_gate = "batch_composition"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.takes_attention_mask:

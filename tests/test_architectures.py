@@ -12,7 +12,10 @@ import torch
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.reference_models.hf_tiny import SWEEP_SUITES, shrunk_model
+from maskcheck.harness.engine.registry import suite_names
+from maskcheck.reference_models.hf_tiny import shrunk_model
+
+SWEEP_SUITES = suite_names(lambda suite: suite.in_sweep)
 
 
 def test_a_shrunk_config_takes_the_overrides_of_its_head() -> None:

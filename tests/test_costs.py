@@ -131,7 +131,7 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from audit_overhead import breakdown
 
-    from maskcheck.harness import runner
+    from maskcheck.harness.audits import runner
     from maskcheck.reference_models import PRESETS, Transformer
 
     model = Transformer(PRESETS["tiny-decoder"]).eval()

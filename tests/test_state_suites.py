@@ -19,11 +19,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.specs import LoadOptions, adapter_for, load_adapter
+from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS, ModelConfig, save_checkpoint
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.training import TrainingRun, train
 
-STATE_SUITES = ["packing", "kv_cache", "norm_checkpoint"]
+STATE_SUITES = suite_names(lambda suite: suite.kind == "state")  # packing, kv_cache, norm_checkpoint
 
 
 def statuses(result) -> dict[str, str]:  # type: ignore[no-untyped-def]

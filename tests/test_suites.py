@@ -6,11 +6,12 @@ import pytest
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
 
-MASK_SUITES = ["causal", "padding", "cross_attention", "loss_masking"]
+MASK_SUITES = suite_names(lambda suite: suite.kind == "mask")  # causal, padding, cross_attention, loss_masking
 NEVER_FAILING = {"pass", "warn", "not_applicable"}
 
 

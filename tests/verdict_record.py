@@ -53,7 +53,7 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
     import hashlib
 
     from maskcheck import audit
-    from maskcheck.harness import runner
+    from maskcheck.harness.audits import runner
     from maskcheck.harness.adapters.hf import HFAdapter
     from maskcheck.reference_models.hf_tiny import tiny_model
 

@@ -18,7 +18,14 @@ from typing import Any, Callable, Sequence
 from ..adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
 from ..adapters.specs import LoadOptions, adapter_for, load_adapter
 from ..engine.profiles import check_profile, examples_of
-from ..engine.registry import UnknownSuiteError, load_probe, load_suite, maskcheck_version, suite_names
+from ..engine.registry import (
+    UnknownSuiteError,
+    batching_gate_suite,
+    load_probe,
+    load_suite,
+    maskcheck_version,
+    suite_names,
+)
 from ..engine.suite import Check, ProbeError, RunContext, run_check
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..engine.verdict import FAILING, CheckResult, SuiteResult, worst
@@ -159,15 +166,22 @@ def audit(
     )
     result.environment["float32_reference_error"] = reference_error
     decided: dict[tuple[str, str], tuple] = {}
+    gate_suite = batching_gate_suite()
+    gate_name = f"{gate_suite.name}/{gate_suite.batching_gate}" if gate_suite else ""
     gates = _earlier_gates(adapter)
     gate_key = (seed, profile, context.examples, repr(tolerance))
     if batch_cases is False:
         result.environment["batching"] = "off: every case has forwards of its own (batch_cases=False)"
     elif gate_key in gates:  # this adapter's gate ran in this process (a pytest item per suite)
         context.batch_cases, result.environment["batching"], decided = copy.deepcopy(gates[gate_key])
-    elif batch_cases is None and "padding" not in names:
+    elif gate_suite is None:
         result.environment["batching"] = (
-            "off: the padding suite, whose batch_composition check must pass before cases share forwards, is not in this run"
+            "off: no registered suite holds a batching gate; every case has forwards of its own"
+        )
+    elif batch_cases is None and gate_suite.name not in names:
+        result.environment["batching"] = (
+            f"off: the {gate_suite.name} suite, whose {gate_suite.batching_gate} check must pass before cases"
+            " share forwards, is not in this run"
         )
     else:
 
@@ -175,16 +189,16 @@ def audit(
             if progress:
                 progress(
                     "case",
-                    f"padding/{check} {done}/{planned} (run first: it decides whether cases share forwards)",
+                    f"{gate_suite.name}/{check} {done}/{planned} (run first: it decides whether cases share forwards)",
                     result,
                 )
 
         if progress:
-            progress("gate", "padding/batch_composition", result)  # a report on disk before any forward
+            progress("gate", gate_name, result)  # a report on disk before any forward
         gate_context = replace(
             context, deadline=None if timeout is None else time.monotonic() + timeout, on_case=on_gate_case
         )
-        context.batch_cases, result.environment["batching"], decided = batching_gate(adapter, gate_context)
+        context.batch_cases, result.environment["batching"], decided = batching_gate(adapter, gate_context, gate_suite)
         gates[gate_key] = copy.deepcopy((context.batch_cases, result.environment["batching"], decided))
     context.decided = decided
     for name, suite in loaded:
@@ -234,40 +248,39 @@ def _earlier_gates(adapter: Adapter) -> dict[tuple, tuple]:
         return {}
 
 
-def batching_gate(adapter: Adapter, context: RunContext) -> tuple[bool, str, dict[tuple[str, str], tuple]]:
+def batching_gate(
+    adapter: Adapter, context: RunContext, gate_suite: type
+) -> tuple[bool, str, dict[tuple[str, str], tuple]]:
     """Whether cases may share forwards, the report's line on it, and the check run to decide.
 
     Stacking rows of several cases in one forward is sound only for a model whose rows do
     not read each other, whatever the other rows hold and however wide the batch is padded:
-    what the padding suite's ``batch_composition`` check measures. It runs first, alone (its
-    cases one forward each); the padding suite later reports this same result instead of
-    running it again."""
-    if not adapter.capabilities.takes_attention_mask:
+    what the gate suite's gate check (``Suite.batching_gate``: padding's ``batch_composition``)
+    measures. It runs first, alone (its cases one forward each); the suite later reports
+    this same result instead of running it again."""
+    gate = f"{gate_suite.name}/{gate_suite.batching_gate}"
+    suite = gate_suite()
+    reason = suite.not_applicable(adapter.capabilities)
+    if reason:
         return (
             False,
-            "off: the model takes no attention mask, so batch_composition, which must pass before cases share forwards, cannot run; every case has forwards of its own",
+            f"off: {gate}, which must pass before cases share forwards, cannot run ({reason}); every case has forwards of its own",
             {},
         )
-    from ...suites.padding import PaddingSuite
-
     check = next(
-        c for c in PaddingSuite().checks(adapter, context) if isinstance(c, Check) and c.name == "batch_composition"
+        c for c in suite.checks(adapter, context) if isinstance(c, Check) and c.name == gate_suite.batching_gate
     )
     try:
         outcome = run_check(check, context)
     except Exception as exc:
         outcome = (CheckResult(check.name, "error", _describe(exc)), 0, None)
     status = outcome[0].status
-    decided = {("padding", check.name): outcome}
+    decided = {(gate_suite.name, check.name): outcome}
     if status == "pass":
-        return (
-            True,
-            f"on: cases of a check share forwards (padding/batch_composition passed on {outcome[1]} cases)",
-            decided,
-        )
+        return True, f"on: cases of a check share forwards ({gate} passed on {outcome[1]} cases)", decided
     return (
         False,
-        f"off: padding/batch_composition did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own",
+        f"off: {gate} did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own",
         decided,
     )
 
@@ -297,11 +310,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
-    if (
-        result.status in ("pass", "warn", "fail")
-        and context.report_dir is not None
-        and hasattr(suite, "effective_mask")
-    ):
+    if result.status in ("pass", "warn", "fail") and context.report_dir is not None and suite.draws_effective_mask:
         # A passing audit of a third-party checkpoint gets its pictures too: something to look at.
         result.picture = _draw(suite, adapter, context, failed=result.status == "fail")
     result.seconds = time.perf_counter() - started

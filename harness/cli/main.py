@@ -224,9 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     picture.add_argument("spec", help="the model spec")
     picture.add_argument(
         "--suite",
-        choices=["causal", "padding", "cross_attention"],
         default="causal",
-        help="causal: an unpadded row; padding: a row with 2 padded slots; cross_attention: decoder outputs vs a source with 2 padded slots",
+        help="a suite that draws an effective mask ('maskcheck list' marks them); causal: an unpadded row; "
+        "padding: a row with 2 padded slots; cross_attention: decoder outputs vs a source with 2 padded slots",
     )
     picture.add_argument("--length", type=int, default=10, help="positions in the row (default: 10)")
     picture.add_argument("--out", default="effective-mask.png", help="PNG path (default: effective-mask.png)")
@@ -261,9 +261,10 @@ def cmd_list() -> int:
     from ...reference_models.mutants import MUTANTS
     from ..engine.registry import load_suite, probe_names, suite_names
 
-    print("Suites:")
+    print("Suites (* draws an effective mask: maskcheck effective-mask --suite NAME):")
     for name in suite_names():
-        print(f"  {name:<18} {load_suite(name).summary}")
+        suite = load_suite(name)
+        print(f"  {name:<18}{'*' if suite.draws_effective_mask else ' '} {suite.summary}")
     print("\nReference presets (ref:NAME):")
     for name, config in PRESETS.items():
         print(f"  {name:<32} {config.family}, {config.norm_layout}-norm {config.norm}, {config.position} positions")
@@ -305,7 +306,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from ..adapters.specs import LoadOptions, SpecError
     from ..audits.config import ConfigError, load_config
     from ..audits.runner import audit
-    from ..engine.registry import UnknownSuiteError, suite_names, unknown_suites_message
+    from ..engine.registry import UnknownSuiteError, registered_suite_names, unknown_suites_message
     from ..report.render import render_markdown, render_table, write_atomically, write_json
 
     if not args.verbose:
@@ -323,7 +324,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.spec.startswith("collator:"):
         return _audit_collator(args, option)
     suites = _split(args.suites) if args.suites else config.get("suites")
-    unknown = unknown_suites_message(suites or [], suite_names())
+    unknown = unknown_suites_message(suites or [], registered_suite_names())
     if unknown:  # before the model loads, which can take minutes
         print(f"maskcheck: error: {unknown}", file=sys.stderr)
         return 2
@@ -465,11 +466,18 @@ def _split(text: str) -> list[str]:
 
 def cmd_effective_mask(args: argparse.Namespace) -> int:
     from ..adapters.specs import LoadOptions, SpecError, load_adapter
-    from ..engine.registry import load_suite
+    from ..engine.registry import load_suite, suite_names
     from ..engine.suite import RunContext
     from ..engine.tolerance import tolerance_for
     from ..report.picture import draw_effective_mask
 
+    drawing = suite_names(lambda suite: suite.draws_effective_mask)
+    if args.suite not in drawing:
+        print(
+            f"maskcheck: error: --suite {args.suite!r} draws no effective mask; choose one of {', '.join(drawing)}",
+            file=sys.stderr,
+        )
+        return 2
     _quiet_transformers()
     try:
         adapter = load_adapter(args.spec, LoadOptions(device=args.device))

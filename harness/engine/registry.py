@@ -9,12 +9,10 @@ from __future__ import annotations
 import difflib
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 GROUP = "maskcheck.suites"
 PROBE_GROUP = "maskcheck.probes"
-#: the order suites run and are reported in; suites from other packages follow, by name
-BUILTIN_ORDER = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint")
 
 
 def maskcheck_version() -> str:
@@ -34,17 +32,37 @@ def _entry_points() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def suite_names() -> list[str]:
-    names = list(_entry_points())
-    return sorted(names, key=lambda n: (BUILTIN_ORDER.index(n) if n in BUILTIN_ORDER else len(BUILTIN_ORDER), n))
+def registered_suite_names() -> list[str]:
+    """Every registered suite's name, sorted, read from entry-point metadata alone: no suite
+    module is imported (nor torch), so ``--help`` and the plugin's settings stay cheap."""
+    return sorted(_entry_points())
+
+
+@lru_cache(maxsize=1)
+def suite_classes() -> dict[str, type]:
+    """Every registered suite's class by name, in the order suites run (``Suite.order``, then name)."""
+    points = _entry_points()
+    classes = {name: points[name].load() for name in points}
+    return dict(sorted(classes.items(), key=lambda item: (getattr(item[1], "order", 1000), item[0])))
+
+
+def suite_names(where: Callable[[type], bool] | None = None) -> list[str]:
+    """Registered suites in run order; with ``where``, those whose class it accepts
+    (``suite_names(lambda s: s.in_sweep)``)."""
+    return [name for name, cls in suite_classes().items() if where is None or where(cls)]
 
 
 def load_suite(name: str) -> Any:
     """An instance of the suite registered as ``name``."""
     points = _entry_points()
     if name not in points:
-        raise UnknownSuiteError(unknown_suites_message([name], suite_names()))
-    return points[name].load()()
+        raise UnknownSuiteError(unknown_suites_message([name], registered_suite_names()))
+    return suite_classes()[name]()
+
+
+def batching_gate_suite() -> type | None:
+    """The suite that holds the batching gate (``Suite.batching_gate``), if one is registered."""
+    return next((cls for cls in suite_classes().values() if getattr(cls, "batching_gate", None)), None)
 
 
 @lru_cache(maxsize=1)

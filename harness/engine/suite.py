@@ -69,6 +69,22 @@ class Outcome:
         default_factory=list
     )  # rows a report shows as a table (the variants a layout was scored under)
 
+    def result(self, check: str, status: str, message: str, case: dict[str, Any], **extra: Any) -> CheckResult:
+        """The check's result that this case's outcome decides."""
+        return CheckResult(
+            check,
+            status,
+            message,
+            max_diff=self.max_diff,
+            floor=self.floor,
+            threshold=self.threshold,
+            positions=self.positions,
+            case=case,
+            positions_label=self.positions_label,
+            table=self.table,
+            **extra,
+        )
+
     @property
     def ratio(self) -> float:
         if self.threshold <= 0:
@@ -134,8 +150,29 @@ class CaseFailed(Exception):
 
 
 class Suite(abc.ABC):
+    """A set of named checks of one invariance property.
+
+    A suite describes itself to the rest of maskcheck through its class attributes, so a
+    new suite is one module and one entry point (docs/writing-a-suite.md): nothing else
+    lists suites by name.
+    """
+
     name: ClassVar[str]
-    summary: ClassVar[str]
+    summary: ClassVar[str]  # one line, for ``maskcheck list`` and the report
+    #: where it runs and is reported among the others, lowest first (ties by name); the
+    #: built-ins use 10-70, so a suite of another package runs after them by default
+    order: ClassVar[int] = 1000
+    #: "mask" (what each position may read) or "state" (packed rows, caches, checkpoints)
+    kind: ClassVar[str] = "mask"
+    #: audited by the architecture sweep on every model type built from a config; each of
+    #: its verdicts then has a plain-transformers check in scripts/sweep/reproduce_finding.py,
+    #: and scripts/noise_floor.py measures its checks on clean models
+    in_sweep: ClassVar[bool] = False
+    #: whether :meth:`effective_mask` draws which inputs influence which outputs
+    draws_effective_mask: ClassVar[bool] = False
+    #: the check that measures whether rows of one batch read each other; it runs first,
+    #: alone, and cases of every check share forwards only when it passed (harness/engine/batching.py)
+    batching_gate: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def not_applicable(self, capabilities: Capabilities) -> str | None:
@@ -148,6 +185,10 @@ class Suite(abc.ABC):
 
     def conclude(self, results: list[CheckResult]) -> None:
         """Revise verdicts that one check's result explains in another (runs after every check)."""
+
+    def effective_mask(self, adapter: Adapter, context: RunContext, **sizes: int) -> tuple[Any, Any]:
+        """``(influence, expected)`` for the effective-mask picture, where :attr:`draws_effective_mask`."""
+        raise NotImplementedError(f"the {self.name} suite draws no effective mask")
 
 
 def case_to_dict(case: Any) -> dict[str, Any]:
@@ -199,160 +240,166 @@ def split_examples(cases: int, max_examples: int | None) -> tuple[int, int]:
 def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, CaseFailed | None]:
     """Run one check over Hypothesis-drawn cases; returns its result, the number of distinct
     cases evaluated, and the failing (shrunk) case with its outcome, if any."""
-    evaluated = 0
-    worst_seen: dict[str, Any] = {}
-    # A case seen before (a random case that repeats one, or the minimal case; in
-    # shrinking, the passing cases beside the failing one and the failing one itself) is
-    # answered from here, not by the model again.
-    outcomes: dict[Any, Outcome] = {}
-    # Failing cases in the order found: while shrinking, each is smaller than the one before.
-    failures: list[CaseFailed] = []
-    shrink_started: list[float] = []
-    stopped: list[str] = []  # what stopped the shrinking early
+    return CheckRun(check, context).run()
 
-    def evaluate_all(cases: list[Any]) -> None:
-        if failures and shrinking_stopped() and not from_memo(cases):
+
+class CheckRun:
+    """One check's run: Hypothesis draws examples of cases, the model answers each case once.
+
+    A case seen before (a random case that repeats one, or the minimal case; in shrinking,
+    the passing cases beside the failing one and the failing one itself) is answered from
+    the memo, not by the model again. Once a failure is found, shrinking runs until the
+    shrink budget or the suite's time limit; after that every new case answers as passing,
+    so Hypothesis's shrinker stops making progress and reports the smallest failure so far.
+    """
+
+    def __init__(self, check: Check, context: RunContext) -> None:
+        self.check = check
+        self.context = context
+        self.evaluated = 0
+        self.worst: tuple[tuple[int, float], Any, Outcome] | None = None  # (rank, case, outcome)
+        self.memo: dict[Any, Outcome] = {}
+        self.failures: list[CaseFailed] = []  # in the order found: while shrinking, each smaller than the last
+        self.shrink_started: float | None = None
+        self.stopped_by: str | None = None  # what stopped the shrinking early
+        self.examples, self.per_example = split_examples(context.examples, check.max_examples)
+        self.planned = (self.examples - 1) * self.per_example + 1  # the first example is the minimal case alone
+        self.generated: list[list[Any]] = []
+
+    def run(self) -> tuple[CheckResult, int, CaseFailed | None]:
+        key = (id(self.check.strategy), self.examples, self.per_example)
+        shared = self.context.drawn.get(key)
+        replayed: CaseFailed | None = None
+        try:
+            if shared is None:
+                self.search()
+                self.context.drawn[key] = DrawnCases(self.check.strategy, self.generated)
+            else:
+                try:
+                    # Replayed examples are all known: their cases can share forwards across examples.
+                    self.evaluate_all([case for cases in shared.examples for case in cases])
+                except CaseFailed as failure:
+                    replayed = failure
+                    self.search()  # draws the same examples again and shrinks the failure
+        except CaseFailed as failure:
+            if self.stopped_by is not None:
+                failure.outcome.message += (
+                    f" (shrinking stopped by {self.stopped_by} after {time.monotonic() - self.shrink_started:.0f} s:"
+                    " the smallest failing case found by then)"
+                )
+            return _failed(self.check, failure), self.evaluated, failure
+        except AdapterError as exc:
+            return CheckResult(self.check.name, "error", str(exc)), self.evaluated, None
+        except TimeLimitReached:
+            reason = f"the suite's time limit (--timeout) was reached after {self.evaluated} case(s)"
+            return CheckResult(self.check.name, "not_run", reason), self.evaluated, None
+        if replayed is not None:  # Hypothesis drew other examples this time: report the case unshrunk
+            return _failed(self.check, replayed), self.evaluated, replayed
+        return self.verdict(), self.evaluated, None
+
+    def search(self) -> None:
+        """Hypothesis's generation, then its shrinking: no explicit examples, no database, no target()."""
+        phases = [Phase.generate, Phase.shrink] if self.context.shrink else [Phase.generate]
+        # Not a list with unique_by: Hypothesis fills one that starts from its simplest
+        # choices with near-minimal cases (all right-padded single rows, say), a poor sample
+        # when a profile draws only one or two examples.
+        strategy = example_strategy(self.check.strategy, self.per_example)
+        evaluate = self.evaluate_drawn
+
+        # Hypothesis hashes the source of the test it runs on every run (its database key): a
+        # one-line test keeps that hash cheap.
+        def prop(cases: list[Any]) -> None: evaluate(cases)  # fmt: skip
+
+        # The profile brings no deadline, no database and no health checks (harness/engine/profiles.py).
+        settings_ = settings(profile_settings(self.context.profile), max_examples=self.examples, phases=phases)
+        test = settings_(given(strategy)(prop))
+        with without_local_constants():  # the cases must not depend on which modules are imported
+            hypothesis_seed(self.context.seed)(test)()
+
+    def evaluate_drawn(self, cases: list[Any]) -> None:
+        self.generated.append(cases)
+        self.evaluate_all(cases)
+
+    def evaluate_all(self, cases: list[Any]) -> None:
+        """Answer each case in order; raise :class:`CaseFailed` at the first failing one."""
+        if self.failures and self.shrinking_stopped() and not self.from_memo(cases):
             return  # no new case: the shrinker sees no progress and reports the smallest failure so far
-        if context.batch_cases and check.batchable:
-            evaluate_together(cases)
+        if self.context.batch_cases and self.check.batchable:
+            self.evaluate_together(cases)
         for case in cases:
             key = _memo_key(case)
-            outcome = outcomes.get(key)
+            outcome = self.memo.get(key)
             if outcome is None:
-                if context.deadline is not None and time.monotonic() > context.deadline:
-                    raise TimeLimitReached
+                self.raise_past_deadline()
                 with torch.inference_mode():  # the harness's own tensor work needs no autograd either
-                    outcome = outcomes[key] = check.outcome(case)
-                record(case, outcome)
+                    outcome = self.memo[key] = self.check.outcome(case)
+                self.record(case, outcome)
             if outcome.status == "fail":
-                if not failures:
-                    shrink_started.append(time.monotonic())
-                failures.append(CaseFailed(case, outcome))
-                raise failures[-1]
+                if not self.failures:
+                    self.shrink_started = time.monotonic()
+                self.failures.append(CaseFailed(case, outcome))
+                raise self.failures[-1]
 
-    def from_memo(cases: list[Any]) -> bool:
+    def evaluate_together(self, cases: list[Any]) -> None:
+        """Evaluate the cases not in the memo in lockstep, their forwards stacked; what one
+        of them raises is raised when its turn comes, as evaluating them in order would."""
+        fresh = list({key: case for case in cases if (key := _memo_key(case)) not in self.memo}.items())
+        if len(fresh) < 2:
+            return
+        self.raise_past_deadline()
+        with torch.inference_mode():
+            results = run_together([self.check.evaluate(case) for _, case in fresh])
+        for (key, case), result in zip(fresh, results):
+            if isinstance(result, BaseException):
+                break  # evaluated again in order, where it raises
+            self.memo[key] = result
+            self.record(case, result)
+            if result.status == "fail":
+                break
+
+    def from_memo(self, cases: list[Any]) -> bool:
         """Whether the memo decides these cases as evaluating them in order would (up to the first failure)."""
         for case in cases:
-            outcome = outcomes.get(_memo_key(case))
+            outcome = self.memo.get(_memo_key(case))
             if outcome is None:
                 return False
             if outcome.status == "fail":
                 return True
         return True
 
-    def shrinking_stopped() -> bool:
+    def shrinking_stopped(self) -> bool:
         """Whether the time limit or the shrink budget has run out after a failure was found."""
-        if stopped:
-            return True
-        now = time.monotonic()
-        if context.deadline is not None and now > context.deadline:
-            stopped.append("the suite's time limit (--timeout)")
-        elif context.shrink_seconds is not None and now - shrink_started[0] > context.shrink_seconds:
-            stopped.append(f"the shrink budget of {context.shrink_seconds:g} s")
-        return bool(stopped)
+        if self.stopped_by is None:
+            now = time.monotonic()
+            if self.context.deadline is not None and now > self.context.deadline:
+                self.stopped_by = "the suite's time limit (--timeout)"
+            elif self.context.shrink_seconds is not None and now - self.shrink_started > self.context.shrink_seconds:
+                self.stopped_by = f"the shrink budget of {self.context.shrink_seconds:g} s"
+        return self.stopped_by is not None
 
-    def evaluate_together(cases: list[Any]) -> None:
-        """Evaluate the cases not in the memo in lockstep, their forwards stacked; what one
-        of them raises is raised when its turn comes, as evaluating them in order would."""
-        fresh = list({key: case for case in cases if (key := _memo_key(case)) not in outcomes}.items())
-        if len(fresh) < 2:
-            return
-        if context.deadline is not None and time.monotonic() > context.deadline:
+    def raise_past_deadline(self) -> None:
+        if self.context.deadline is not None and time.monotonic() > self.context.deadline:
             raise TimeLimitReached
-        with torch.inference_mode():
-            results = run_together([check.evaluate(case) for _, case in fresh])
-        for (key, case), result in zip(fresh, results):
-            if isinstance(result, BaseException):
-                break  # evaluated again in order, where it raises
-            outcomes[key] = result
-            record(case, result)
-            if result.status == "fail":
-                break
 
-    def record(case: Any, outcome: Outcome) -> None:
-        nonlocal evaluated
-        evaluated += 1
-        if context.on_case is not None:
-            context.on_case(check.name, evaluated, planned)
+    def record(self, case: Any, outcome: Outcome) -> None:
+        self.evaluated += 1
+        if self.context.on_case is not None:
+            self.context.on_case(self.check.name, self.evaluated, self.planned)
         rank = (SEVERITY[outcome.status], outcome.ratio)
-        if not worst_seen or rank > worst_seen["rank"]:
-            worst_seen.update(rank=rank, case=case, outcome=outcome)
+        if self.worst is None or rank > self.worst[0]:
+            self.worst = (rank, case, outcome)
 
-    examples, per_example = split_examples(context.examples, check.max_examples)
-    planned = (examples - 1) * per_example + 1  # the first example is the minimal case alone
-    # Not a list with unique_by: Hypothesis fills one that starts from its simplest
-    # choices with near-minimal cases (all right-padded single rows, say), a poor sample
-    # when a profile draws only one or two examples.
-    strategy = example_strategy(check.strategy, per_example)
-    generated: list[list[Any]] = []
-
-    # Hypothesis hashes the source of the test it runs on every run (its database key): a
-    # one-line test keeps that hash cheap (it cost 1 ms a check with the loop inlined).
-    def prop(cases: list[Any]) -> None: generated.append(cases); evaluate_all(cases)  # fmt: skip
-
-    def search() -> None:
-        # No explicit examples, no database to reuse, no target(): generation alone, then shrinking.
-        phases = [Phase.generate, Phase.shrink] if context.shrink else [Phase.generate]
-        # The profile brings no deadline, no database and no health checks (harness/engine/profiles.py).
-        test = settings(profile_settings(context.profile), max_examples=examples, phases=phases)(given(strategy)(prop))
-        with without_local_constants():  # the cases must not depend on which modules are imported
-            hypothesis_seed(context.seed)(test)()
-
-    key = (id(check.strategy), examples, per_example)
-    shared = context.drawn.get(key)
-    replayed: CaseFailed | None = None
-    try:
-        if shared is None:
-            search()
-            context.drawn[key] = DrawnCases(check.strategy, generated)
-        else:
-            try:
-                # Replayed examples are all known: their cases can share forwards across examples.
-                evaluate_all([case for cases in shared.examples for case in cases])
-            except CaseFailed as failure:
-                replayed = failure
-                search()  # draws the same examples again and shrinks the failure
-    except CaseFailed as failure:
-        if stopped:
-            failure.outcome.message += f" (shrinking stopped by {stopped[0]} after {time.monotonic() - shrink_started[0]:.0f} s: the smallest failing case found by then)"
-        return _failed(check, failure), evaluated, failure
-    except AdapterError as exc:
-        return CheckResult(check.name, "error", str(exc)), evaluated, None
-    except TimeLimitReached:
-        return (
-            CheckResult(
-                check.name, "not_run", f"the suite's time limit (--timeout) was reached after {evaluated} case(s)"
-            ),
-            evaluated,
-            None,
-        )
-    if replayed is not None:  # Hypothesis drew other examples this time: report the case unshrunk
-        return _failed(check, replayed), evaluated, replayed
-    if not worst_seen:
-        return CheckResult(check.name, "not_run", "no case was evaluated"), evaluated, None
-    o: Outcome = worst_seen["outcome"]
-    status = "warn" if o.status == "warn" else "pass"
-    if status == "warn":
-        message = o.message
-    else:
-        message = f"{evaluated} cases; " + (o.message or f"worst {o.max_diff:.3g} vs threshold {o.threshold:.3g}")
-    case = case_to_dict(worst_seen["case"])
-    return (
-        CheckResult(
-            check.name,
-            status,
-            message,
-            o.max_diff,
-            o.floor,
-            o.threshold,
-            o.positions if status == "warn" else [],
-            case,
-            positions_label=o.positions_label,
-            table=o.table,
-        ),
-        evaluated,
-        None,
-    )
+    def verdict(self) -> CheckResult:
+        """The result of a run in which no case failed: the worst case seen, pass or warn."""
+        if self.worst is None:
+            return CheckResult(self.check.name, "not_run", "no case was evaluated")
+        _, case, outcome = self.worst
+        if outcome.status == "warn":
+            return outcome.result(self.check.name, "warn", outcome.message, case_to_dict(case))
+        worst = outcome.message or f"worst {outcome.max_diff:.3g} vs threshold {outcome.threshold:.3g}"
+        result = outcome.result(self.check.name, "pass", f"{self.evaluated} cases; {worst}", case_to_dict(case))
+        result.positions = []  # a passing check points at no positions
+        return result
 
 
 def _memo_key(case: Any) -> Any:
@@ -366,20 +413,8 @@ def _memo_key(case: Any) -> Any:
 
 
 def _failed(check: Check, failure: CaseFailed) -> CheckResult:
-    o = failure.outcome
+    outcome = failure.outcome
     blob = next((note.strip() for note in getattr(failure, "__notes__", []) if "@reproduce_failure" in note), None)
     if blob:
-        o.detail["hypothesis_blob"] = blob
-    return CheckResult(
-        check.name,
-        "fail",
-        o.message,
-        o.max_diff,
-        o.floor,
-        o.threshold,
-        o.positions,
-        case_to_dict(failure.case),
-        blob,
-        o.positions_label,
-        o.table,
-    )
+        outcome.detail["hypothesis_blob"] = blob
+    return outcome.result(check.name, "fail", outcome.message, case_to_dict(failure.case), hypothesis_blob=blob)

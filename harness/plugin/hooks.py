@@ -136,7 +136,7 @@ def validate_settings(config: pytest.Config) -> None:
         parse_threads(setting(config, "threads"))
     except ThreadSettingError as exc:
         raise pytest.UsageError(f"maskcheck: {exc}") from None
-    suites(config)
+    chosen_suites(config)
 
 
 def new_ledger(config: pytest.Config) -> Any:
@@ -197,19 +197,32 @@ def models(config: pytest.Config) -> list[Any]:
     return list(unique.values())
 
 
-def suites(config: pytest.Config) -> list[str]:
-    from ..engine.registry import suite_names
+def chosen_suites(config: pytest.Config) -> list[str]:
+    """The suites the settings name, checked against the registered names (no suite is imported)."""
+    from ..engine.registry import registered_suite_names, unknown_suites_message
 
     chosen = setting(config, "suites")
     if isinstance(chosen, str):
         chosen = [part.strip() for part in chosen.split(",") if part.strip()]
-    known = suite_names()
-    from ..engine.registry import unknown_suites_message
-
-    message = unknown_suites_message(chosen or [], known)
+    message = unknown_suites_message(chosen or [], registered_suite_names())
     if message:
         raise pytest.UsageError(f"maskcheck: {message}")
-    return list(chosen) if chosen else known
+    return list(chosen or [])
+
+
+def suites(config: pytest.Config) -> list[str]:
+    """The suites to run: those the settings name, else every registered suite in run order."""
+    from ..engine.registry import suite_names
+
+    return chosen_suites(config) or suite_names()
+
+
+def gate_in_run(config: pytest.Config) -> bool:
+    """Whether the suite holding the batching gate is among this run's suites."""
+    from ..engine.registry import batching_gate_suite
+
+    gate = batching_gate_suite()
+    return gate is not None and gate.name in suites(config)
 
 
 def run_options(config: pytest.Config) -> Any:
@@ -263,7 +276,7 @@ class MaskcheckItem(VerdictItem):
 
         options = run_options(self.config)
         adapter = _SESSION_CACHE.get(self.entry, options)
-        run_suite_test(adapter, self.suite, options, self, self.entry.slug, "padding" in suites(self.config))
+        run_suite_test(adapter, self.suite, options, self, self.entry.slug, gate_in_run(self.config))
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"maskcheck {self.suite} on {self.entry.name}"

@@ -35,12 +35,12 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     """One audit, in this process: the record the sweep writes."""
     import torch
     import transformers
+    from confirm_findings import sweep_suites
 
     from maskcheck import audit
     from maskcheck.harness.adapters.hf import HFAdapter
     from maskcheck.reference_models.hf_tiny import (
         SHRINK_LEVELS,
-        SWEEP_SUITES,
         shrunk_config,
         shrunk_model,
     )
@@ -71,7 +71,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     )  # whole: a default that depends on another field (layer lists) must not come back wrong
     record["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     try:
-        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), list(SWEEP_SUITES), profile=profile)
+        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), sweep_suites(), profile=profile)
     except Exception as exc:  # noqa: BLE001
         record.update(error=f"{type(exc).__name__}: {first_line(exc)}", seconds=round(time.perf_counter() - started, 2))
         return record

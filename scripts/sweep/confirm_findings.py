@@ -27,7 +27,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 CONFIRMED = ROOT / "docs" / "architectures-confirmed.jsonl"
-REPRODUCIBLE = ("causal", "padding", "packing", "kv_cache", "loss_masking", "cross_attention")
+
+
+def sweep_suites() -> tuple[str, ...]:
+    """The suites the sweep audits, each of whose verdicts reproduce_finding.py checks with plain
+    transformers: the suite classes say which (``Suite.in_sweep``), in run order."""
+    from maskcheck.harness.engine.registry import suite_names
+
+    return tuple(suite_names(lambda suite: suite.in_sweep))
+
+
+REPRODUCIBLE = sweep_suites()
 #: The direct check that measures a WARN's behaviour, by (suite, check): left padding that
 #: shifts positions (padding, loss masking, cached decoding) has the suite's own check; a
 #: model that does not derive positions from the mask, packing that leaks without the

@@ -7,11 +7,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-# scripts/ is on the path of every script run from it
+# this folder is on the path of every script run from it
 from confirm_findings import REPRODUCIBLE, verdict_label
 
-SUITES = ("causal", "padding", "loss_masking", "packing", "kv_cache", "cross_attention", "norm_checkpoint")
-TABLE_SUITES = SUITES[:6]  # the sweep does not load checkpoints from a directory: norm_checkpoint is n/a throughout
+from maskcheck.harness.engine.registry import suite_names
+
+SUITES = tuple(suite_names())  # every suite, in run order, for the findings' lists
+TABLE_SUITES = REPRODUCIBLE  # the suites the sweep audits (Suite.in_sweep), one column each
 MARK = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "error": "ERROR", "not_applicable": "n/a", "not_run": "NOT RUN"}
 
 
