@@ -43,14 +43,14 @@ def build_attention_mask(
     causal: bool,
     window: int | None = None,
     sinks: int = 0,
-    key_padding: Tensor | None = None,
+    key_real: Tensor | None = None,
     q_segments: Tensor | None = None,
     k_segments: Tensor | None = None,
     batch: int,
 ) -> Tensor:
     """Combine causal, window, padding and segment masks into one ``[B, Tq, Tk]`` bool mask.
 
-    ``q_index [Tq]`` and ``k_index [Tk]`` are absolute sequence indices; ``key_padding
+    ``q_index [Tq]`` and ``k_index [Tk]`` are absolute sequence indices; ``key_real
     [B, Tk]`` is True at real keys; ``q_segments [B, Tq]`` / ``k_segments [B, Tk]`` give
     each token's packed-sequence id (block-diagonal attention when given). ``sinks``: with
     a window, keys at index < sinks stay visible (StreamingLLM's attention sinks).
@@ -65,21 +65,21 @@ def build_attention_mask(
             in_window = in_window | (k_index[None, :] < sinks)  # attention sinks: the row's first tokens
         allowed = allowed & in_window
     allowed = allowed.expand(batch, -1, -1)  # [B, Tq, Tk]
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, :]
+    if key_real is not None:
+        allowed = allowed & key_real[:, None, :]
     if q_segments is not None and k_segments is not None:
         allowed = allowed & (q_segments[:, :, None] == k_segments[:, None, :])
     return allowed
 
 
-def positions_from_mask(padding: Tensor, start: Tensor | None = None) -> Tensor:
+def positions_from_mask(real: Tensor, start: Tensor | None = None) -> Tensor:
     """Position ids that count only real tokens: ``[1, 1, 0, 1, 1] -> [0, 1, 1, 1, 2]``.
 
     ``padding [B, T]`` is True at real tokens; ``start [B]`` is each row's next position
     (the number of real tokens already cached). Padded slots get the position of the
     previous real token (or 0), which keeps every id in range.
     """
-    counts = padding.long().cumsum(-1)  # [B, T]
+    counts = real.long().cumsum(-1)  # [B, T]
     if start is not None:
         counts = counts + start[:, None]
     return (counts - 1).clamp(min=0)

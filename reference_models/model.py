@@ -37,23 +37,24 @@ class KVCache:
     """Everything a decoder needs to continue a sequence. Immutable: a step returns a new one.
 
     ``keys``/``values`` per layer ``[B, Hkv, T, Dh]`` (keys already rotated);
-    ``key_padding [B, T]`` and ``positions [B, T]`` of the cached tokens;
+    ``key_real [B, T]`` (True at real tokens) and ``positions [B, T]`` of the cached tokens;
     ``last_embedding [B, 1, D]`` for token shift; for encoder-decoders the
-    cross-attention keys/values, computed once from the source, and its padding.
+    cross-attention keys/values, computed once from the source, and ``source_real [B, S]``
+    (True at real source tokens).
     """
 
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
-    key_padding: Tensor
+    key_real: Tensor
     positions: Tensor
     last_embedding: Tensor
     cross_keys: tuple[Tensor, ...] | None = None
     cross_values: tuple[Tensor, ...] | None = None
-    source_padding: Tensor | None = None
+    source_real: Tensor | None = None
 
     @property
     def length(self) -> int:
-        return self.key_padding.shape[1]
+        return self.key_real.shape[1]
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Stack(nn.Module):
         self.final_norm = make_norm(config) if config.final_norm else None
 
     def embed_tokens(
-        self, input_ids: Tensor, positions: Tensor, padding: Tensor, segments: Tensor | None, cache: KVCache | None
+        self, input_ids: Tensor, positions: Tensor, real: Tensor, segments: Tensor | None, cache: KVCache | None
     ) -> tuple[Tensor, Tensor]:
         """Token embedding plus absolute positions and token shift; returns (x, last token embedding)."""
         tokens = self.embed(input_ids)  # [B, T, D]
@@ -141,21 +142,19 @@ class Stack(nn.Module):
         if self.config.position == "sinusoidal":
             x = x + self.sinusoid[positions].to(x.dtype)
         if self.config.token_shift:
-            x = x + self.shift_proj(self.previous_tokens(tokens, padding, segments, cache))
+            x = x + self.shift_proj(self.previous_tokens(tokens, real, segments, cache))
         return x, tokens[:, -1:]
 
-    def previous_tokens(
-        self, tokens: Tensor, padding: Tensor, segments: Tensor | None, cache: KVCache | None
-    ) -> Tensor:
+    def previous_tokens(self, tokens: Tensor, real: Tensor, segments: Tensor | None, cache: KVCache | None) -> Tensor:
         """Each position's previous token embedding, zero where that token is padding,
         another packed segment, or before the start of the sequence."""
         if cache is None:
             first = torch.zeros_like(tokens[:, :1])
-            first_real = torch.zeros_like(padding[:, :1])
+            first_real = torch.zeros_like(real[:, :1])
         else:
-            first, first_real = cache.last_embedding, cache.key_padding[:, -1:]
+            first, first_real = cache.last_embedding, cache.key_real[:, -1:]
         previous = torch.cat([first, tokens[:, :-1]], dim=1)  # [B, T, D]
-        new_padding = padding[:, -tokens.shape[1] :]  # [B, T]
+        new_padding = real[:, -tokens.shape[1] :]  # [B, T]
         keep = torch.cat([first_real, new_padding[:, :-1]], dim=1)  # [B, T]: previous token is real
         if segments is not None:
             same_segment = torch.ones_like(keep)
@@ -167,16 +166,14 @@ class Stack(nn.Module):
         """The mask a given layer uses; the same for every layer (a hook for seeded bugs)."""
         return mask
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         return build_attention_mask(
             q_index=q_index,
             k_index=k_index,
             causal=self.causal,
             window=self.config.sliding_window,
             sinks=self.config.attention_sinks,
-            key_padding=padding,
+            key_real=real,
             q_segments=segments,
             k_segments=segments,
             batch=batch,
@@ -185,7 +182,7 @@ class Stack(nn.Module):
     def forward(
         self,
         input_ids: Tensor,
-        padding: Tensor,
+        real: Tensor,
         positions: Tensor,
         segments: Tensor | None = None,
         cache: KVCache | None = None,
@@ -194,11 +191,11 @@ class Stack(nn.Module):
         """``padding [B, T_past + T]`` True at real tokens; ``positions [B, T]`` of the new tokens."""
         batch, length = input_ids.shape
         past_length = 0 if cache is None else cache.length
-        x, last_embedding = self.embed_tokens(input_ids, positions, padding, segments, cache)
+        x, last_embedding = self.embed_tokens(input_ids, positions, real, segments, cache)
         device = input_ids.device
         q_index = torch.arange(past_length, past_length + length, device=device)
         k_index = torch.arange(past_length + length, device=device)
-        mask = self.build_mask(q_index, k_index, padding, segments, batch)  # [B, T, T_past + T]
+        mask = self.build_mask(q_index, k_index, real, segments, batch)  # [B, T, T_past + T]
         all_positions = positions if cache is None else torch.cat([cache.positions, positions], dim=1)
         rotary = None
         if self.config.position == "rotary":
@@ -213,7 +210,7 @@ class Stack(nn.Module):
             values.append(v)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        new_cache = KVCache(tuple(keys), tuple(values), padding, all_positions, last_embedding)
+        new_cache = KVCache(tuple(keys), tuple(values), real, all_positions, last_embedding)
         return x, new_cache
 
 
@@ -255,14 +252,14 @@ class Transformer(nn.Module):
         past_length = 0 if cache is None else cache.length
         if attention_mask is None:
             attention_mask = torch.ones(batch, past_length + length, dtype=torch.bool, device=input_ids.device)
-        padding = check_padding_mask(attention_mask, batch, past_length + length)
+        real = check_padding_mask(attention_mask, batch, past_length + length)
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + length, device=input_ids.device).expand(batch, -1)
         if tuple(position_ids.shape) != (batch, length):
             raise ValueError(f"position_ids must have shape [{batch}, {length}], got {list(position_ids.shape)}")
         if self.config.position in ("learned", "sinusoidal") and int(position_ids.max()) >= self.config.max_seq_len:
             raise ValueError(f"position {int(position_ids.max())} is beyond max_seq_len={self.config.max_seq_len}")
-        return padding, position_ids
+        return real, position_ids
 
     # -- forward passes -------------------------------------------------------------------
 
@@ -275,9 +272,9 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Run the encoder; returns hidden states ``[B, S, D]`` and the source padding ``[B, S]``."""
         assert self.encoder is not None, "this model has no encoder"
-        padding, position_ids = self._inputs(input_ids, attention_mask, position_ids, None)
-        hidden, _ = self.encoder(input_ids, padding, position_ids, segment_ids)
-        return hidden, padding
+        real, position_ids = self._inputs(input_ids, attention_mask, position_ids, None)
+        hidden, _ = self.encoder(input_ids, real, position_ids, segment_ids)
+        return hidden, real
 
     def forward(
         self,
@@ -303,25 +300,25 @@ class Transformer(nn.Module):
         assert self.decoder is not None
         if self.config.family == "decoder":
             assert input_ids is not None
-            padding, position_ids = self._inputs(input_ids, attention_mask, position_ids, cache)
-            hidden, new_cache = self.decoder(input_ids, padding, position_ids, segment_ids, cache)
+            real, position_ids = self._inputs(input_ids, attention_mask, position_ids, cache)
+            hidden, new_cache = self.decoder(input_ids, real, position_ids, segment_ids, cache)
             return ModelOutput(self.lm_head(hidden), new_cache)
         if decoder_input_ids is None:
             raise ValueError("an encoder-decoder needs decoder_input_ids")
         cross_cache = (
             cache if cache is not None else self._cross_cache(input_ids, attention_mask, position_ids, segment_ids)
         )
-        padding, decoder_position_ids = self._inputs(
+        real, decoder_position_ids = self._inputs(
             decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache
         )
         assert cross_cache.cross_keys is not None and cross_cache.cross_values is not None
-        assert cross_cache.source_padding is not None
-        cross_mask = self.cross_mask(cross_cache.source_padding, decoder_input_ids.shape[1])  # [B, T, S]
+        assert cross_cache.source_real is not None
+        cross_mask = self.cross_mask(cross_cache.source_real, decoder_input_ids.shape[1])  # [B, T, S]
         if segment_ids is not None and cache is None:
             raise ValueError("packing (segment_ids) is supported for encoders and decoders, not encoder-decoders")
         hidden, new_cache = self.decoder(
             decoder_input_ids,
-            padding,
+            real,
             decoder_position_ids,
             None,
             cache,
@@ -331,13 +328,13 @@ class Transformer(nn.Module):
             new_cache,
             cross_keys=cross_cache.cross_keys,
             cross_values=cross_cache.cross_values,
-            source_padding=cross_cache.source_padding,
+            source_real=cross_cache.source_real,
         )
         return ModelOutput(self.lm_head(hidden), new_cache)
 
-    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
+    def cross_mask(self, source_real: Tensor, length: int) -> Tensor:
         """``[B, T, S]`` bool: every decoder position may read every real source token."""
-        return source_padding[:, None, :].expand(-1, length, -1)
+        return source_real[:, None, :].expand(-1, length, -1)
 
     def _cross_cache(
         self,
@@ -352,25 +349,25 @@ class Transformer(nn.Module):
         if segment_ids is not None:
             raise ValueError("packing (segment_ids) is supported for encoders and decoders, not encoder-decoders")
         assert self.decoder is not None
-        memory, source_padding = self.encode(input_ids, attention_mask, position_ids)
+        memory, source_real = self.encode(input_ids, attention_mask, position_ids)
         projected = [block.cross_attn.project_kv(memory) for block in self.decoder.blocks]  # type: ignore[union-attr]
         empty = torch.zeros(0)
         return KVCache(
             keys=(),
             values=(),
-            key_padding=empty,
+            key_real=empty,
             positions=empty,
             last_embedding=empty,
             cross_keys=tuple(k for k, _ in projected),
             cross_values=tuple(v for _, v in projected),
-            source_padding=source_padding,
+            source_real=source_real,
         )
 
     def classify(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Sequence classification logits ``[B, num_labels]`` from the mean over real tokens."""
         assert self.classifier is not None, "classify() is for encoder models"
-        hidden, padding = self.encode(input_ids, attention_mask)
-        weights = padding[..., None].to(hidden.dtype)  # [B, S, 1]
+        hidden, real = self.encode(input_ids, attention_mask)
+        weights = real[..., None].to(hidden.dtype)  # [B, S, 1]
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)  # [B, D]
         return self.classifier(pooled)
 

@@ -50,14 +50,12 @@ def _reference(config: ModelConfig, **swaps: type) -> Transformer:
 class SeesNextToken(Stack):
     """Causal mask off by one: ``k <= q + 1`` lets each position read the next token."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         return build_attention_mask(
             q_index=q_index + 1,
             k_index=k_index,
             causal=True,
-            key_padding=padding,
+            key_real=real,
             q_segments=segments,
             k_segments=segments,
             batch=batch,
@@ -78,14 +76,12 @@ class PlainCausalMask(Stack):
     """Builds a plain causal mask whatever the config says: a sliding window that is
     declared but ignored, or an encoder that was accidentally made causal."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         return build_attention_mask(
             q_index=q_index,
             k_index=k_index,
             causal=True,
-            key_padding=padding,
+            key_real=real,
             q_segments=segments,
             k_segments=segments,
             batch=batch,
@@ -98,9 +94,7 @@ class PlainCausalMask(Stack):
 class PaddingIgnored(Stack):
     """Builds the causal mask but drops the padding mask."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         return build_attention_mask(
             q_index=q_index, k_index=k_index, causal=self.causal, window=self.config.sliding_window, batch=batch
         )
@@ -109,28 +103,22 @@ class PaddingIgnored(Stack):
 class PolarityInverted(Stack):
     """Reads the 1 = keep mask as PyTorch's key_padding_mask (True = ignore)."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
-        return build_attention_mask(
-            q_index=q_index, k_index=k_index, causal=self.causal, key_padding=~padding, batch=batch
-        )
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return build_attention_mask(q_index=q_index, k_index=k_index, causal=self.causal, key_real=~real, batch=batch)
 
 
 class PaddingOfLastRow(Stack):
     """Every row gets the padding mask of the batch's last row (a ``[1, T]`` mask broadcast
     where ``[B, T]`` was meant): a row's outputs depend on what else is in its batch."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
-        last = padding[-1:].expand_as(padding)  # [B, T]: the last row's real slots, for every row
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        last = real[-1:].expand_as(real)  # [B, T]: the last row's real slots, for every row
         return build_attention_mask(
             q_index=q_index,
             k_index=k_index,
             causal=self.causal,
             window=self.config.sliding_window,
-            key_padding=last,
+            key_real=last,
             batch=batch,
         )
 
@@ -141,15 +129,15 @@ class PaddingOfLastRow(Stack):
 class CrossUnmasked(Transformer):
     """The decoder's cross-attention reads the source padding."""
 
-    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
-        return torch.ones_like(source_padding)[:, None, :].expand(-1, length, -1)
+    def cross_mask(self, source_real: Tensor, length: int) -> Tensor:
+        return torch.ones_like(source_real)[:, None, :].expand(-1, length, -1)
 
 
 class CrossInverted(Transformer):
     """Cross-attention mask with inverted polarity: attends to the padding only (or to all when unpadded)."""
 
-    def cross_mask(self, source_padding: Tensor, length: int) -> Tensor:
-        inverted = ~source_padding
+    def cross_mask(self, source_real: Tensor, length: int) -> Tensor:
+        inverted = ~source_real
         inverted = torch.where(inverted.any(-1, keepdim=True), inverted, torch.ones_like(inverted))
         return inverted[:, None, :].expand(-1, length, -1)
 
@@ -191,10 +179,8 @@ class LossCountsIgnored(Transformer):
 class SegmentsIgnored(Stack):
     """The block-diagonal mask is missing: packed sequences attend to each other."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
-        return super().build_mask(q_index, k_index, padding, None, batch)
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        return super().build_mask(q_index, k_index, real, None, batch)
 
 
 class PositionsNotRestarted(Stack):
@@ -204,7 +190,7 @@ class PositionsNotRestarted(Stack):
     def forward(
         self,
         input_ids: Tensor,
-        padding: Tensor,
+        real: Tensor,
         positions: Tensor,
         segments: Tensor | None = None,
         cache: Any = None,
@@ -212,19 +198,17 @@ class PositionsNotRestarted(Stack):
     ) -> Any:
         if segments is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return super().forward(input_ids, padding, positions, segments, cache, cross)
+        return super().forward(input_ids, real, positions, segments, cache, cross)
 
 
 class SegmentBoundaryOffByOne(Stack):
     """Segment ids are read one token late (cu_seqlens off by one): the last token of each
     packed sequence is grouped with the next one and attends to it."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         if segments is not None:
             segments = torch.cat([segments[:, 1:], segments[:, -1:]], dim=1)  # [B, T]
-        return super().build_mask(q_index, k_index, padding, segments, batch)
+        return super().build_mask(q_index, k_index, real, segments, batch)
 
 
 # -- KV cache ---------------------------------------------------------------------------------
@@ -236,7 +220,7 @@ class PositionsRestartWithCache(Stack):
     def forward(
         self,
         input_ids: Tensor,
-        padding: Tensor,
+        real: Tensor,
         positions: Tensor,
         segments: Tensor | None = None,
         cache: Any = None,
@@ -244,7 +228,7 @@ class PositionsRestartWithCache(Stack):
     ) -> Any:
         if cache is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return super().forward(input_ids, padding, positions, segments, cache, cross)
+        return super().forward(input_ids, real, positions, segments, cache, cross)
 
 
 class CacheAppendedTwice(Transformer):
@@ -262,7 +246,7 @@ class CacheAppendedTwice(Transformer):
     ) -> ModelOutput:
         if cache is not None and attention_mask is not None:
             fresh = attention_mask[:, -input_ids.shape[1] :]
-            attention_mask = torch.cat([cache.key_padding.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
+            attention_mask = torch.cat([cache.key_real.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
         out = super().forward(input_ids, attention_mask, position_ids, segment_ids, cache, **kwargs)
         past = 0 if cache is None else cache.length
         assert out.cache is not None
@@ -274,7 +258,7 @@ class CacheAppendedTwice(Transformer):
             out.cache,
             keys=tuple(twice(k, 2) for k in out.cache.keys),
             values=tuple(twice(v, 2) for v in out.cache.values),
-            key_padding=twice(out.cache.key_padding, 1),
+            key_real=twice(out.cache.key_real, 1),
             positions=twice(out.cache.positions, 1),
         )
         return out
@@ -284,12 +268,10 @@ class CacheSkipsCausalMask(Stack):
     """With a cache, the causal mask is built as if one token were decoded (every new query at
     the last index): harmless one token at a time, a chunk of new tokens sees its own future."""
 
-    def build_mask(
-        self, q_index: Tensor, k_index: Tensor, padding: Tensor, segments: Tensor | None, batch: int
-    ) -> Tensor:
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
         if q_index.numel() < k_index.numel():
             q_index = torch.full_like(q_index, int(k_index[-1]))
-        return super().build_mask(q_index, k_index, padding, segments, batch)
+        return super().build_mask(q_index, k_index, real, segments, batch)
 
 
 class CrossFromDecoderStates(Block):
