@@ -53,13 +53,15 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run(command: str, cwd: Path) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+def run(command: str, cwd: Path, path: str | None = None) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     if command.startswith("cd "):
         directory, _, command = command[3:].partition("&&")
         cwd = cwd / directory.strip()
     argv = shlex.split(command.strip())
     assert argv[0] == "maskcheck", command
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if path is not None:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [path, environment.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "maskcheck", *argv[1:]],
         cwd=cwd,
@@ -70,7 +72,12 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:  # type: ignore
     )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+WRITING_A_SUITE = ROOT / "docs" / "writing-a-suite.md"  # its commands need its suite registered: tested below
+
+
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if p != WRITING_A_SUITE], ids=[p.name for p in PAGES if p != WRITING_A_SUITE]
+)
 def test_every_documented_command_runs(page: Path, workdir: Path) -> None:
     for command, expected in documented_commands(page):
         completed = run(command, workdir)
@@ -97,3 +104,43 @@ def test_no_link_leaves_the_repository() -> None:
                 continue
             assert (page.parent / target).resolve().is_relative_to(ROOT), (page.name, target)
             assert (page.parent / target).exists(), (page.name, target)
+
+
+def fenced_blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+
+
+def test_a_newcomer_adds_a_suite_by_following_the_page(tmp_path: Path) -> None:
+    """docs/writing-a-suite.md, verbatim: its module saved under the name its first line
+    gives, its entry point registered as pip would (a dist-info on sys.path), then every
+    command the page shows, with the exit code it shows: the suite is listed, passes a
+    clean decoder, fails the seeded causal bug and does not apply to an encoder."""
+    import tomllib
+
+    (module,) = fenced_blocks(WRITING_A_SUITE, "python")
+    (table,) = fenced_blocks(WRITING_A_SUITE, "toml")
+    filename = module.splitlines()[0].removeprefix("# ").strip()
+    (tmp_path / filename).write_text(module)
+    points = tomllib.loads(table)["project"]["entry-points"]
+    info = tmp_path / "toy_suite-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-suite\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) for group, entries in points.items()
+        )
+    )
+    commands = documented_commands(WRITING_A_SUITE)
+    assert len(commands) == 4, commands
+    outputs = []
+    for command, expected in commands:
+        completed = run(command, tmp_path, path=str(tmp_path))
+        output = completed.stdout + completed.stderr
+        assert "Traceback" not in output, (command, output[-2000:])
+        assert completed.returncode == (0 if expected is None else expected), (command, output[-2000:])
+        outputs.append(output)
+    listed, clean, buggy, encoder = outputs
+    assert "first_position" in listed.split("Reference presets")[0]
+    assert "first_position  PASS" in " ".join(clean.split()).replace("first_position PASS", "first_position  PASS")
+    assert "first_position/later_tokens: changing the tokens after position 0" in buggy
+    assert "this suite checks decoder-only models" in encoder
