@@ -249,3 +249,34 @@ def test_reference_override_changes_the_layout() -> None:
     assert adapter.model.config.norm_layout == "post" and adapter.model.config.final_norm is False
     with pytest.raises(SpecError, match="unknown override"):
         load_adapter("ref:tiny-decoder", LoadOptions(overrides={"colour": "blue"}))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_one_rule_gives_a_model_and_its_saved_config_the_same_task(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The task of a model handed in (its class's name) and of the directory it saves (its
+    config's ``architectures``) come from one rule, and are the task the model was built for."""
+    import transformers
+
+    from maskcheck.harness.adapters.hf import infer_task
+
+    model = tiny_model(name)
+    model.save_pretrained(tmp_path)
+    saved = transformers.AutoConfig.from_pretrained(tmp_path)
+    expected = TINY_CONFIGS[name][1]
+    assert infer_task(model.config, [type(model).__name__]) == infer_task(saved) == expected
+    assert HFAdapter(model).task == expected
+
+
+def test_the_task_rule_reads_heads_then_the_bert_family_fallback() -> None:
+    from maskcheck.harness.adapters.hf import infer_task
+
+    def config(**fields):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(**fields)
+
+    assert infer_task(config(architectures=["BertForPreTraining"])) == "masked-lm"
+    assert infer_task(config(architectures=["GPTNeoXForCausalLM"])) == "causal-lm"
+    assert infer_task(config(is_encoder_decoder=True), ["SomethingForCausalLM"]) == "seq2seq"
+    assert infer_task(config(model_type="roberta", is_decoder=False, architectures=["RobertaModel"])) == "masked-lm"
+    assert infer_task(config(model_type="roberta", is_decoder=True)) == "causal-lm"
+    # a decoder-only multimodal class is not an encoder-decoder: its name does not make it one
+    assert infer_task(config(architectures=["Gemma3ForConditionalGeneration"])) == "causal-lm"

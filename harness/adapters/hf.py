@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -65,24 +65,31 @@ class HFState:
     source_mask: Tensor | None = None
 
 
-def infer_task(config: Any) -> Task:
-    """The task a config was saved for: ``architectures`` first, then ``is_encoder_decoder``."""
+#: class-name endings of the heads whose task the name tells (an encoder-decoder is told by its config)
+MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
+CAUSAL_LM_HEADS = ("ForCausalLM", "LMHeadModel")
+#: model types whose config, saved without a head's name, is a masked LM when it says it is no decoder
+BERT_FAMILY = ("bert", "roberta", "distilbert", "albert", "electra")
+
+
+def infer_task(config: Any, class_names: Sequence[str] = ()) -> Task:
+    """The task of a model, by one rule whether it was handed in as an object (its class's
+    name) or is read from a directory (the config's ``architectures``):
+
+    - a config that says it is an encoder-decoder: ``seq2seq``;
+    - else the first class name whose head tells the task (``...ForMaskedLM`` and
+      ``...ForPreTraining``: ``masked-lm``; ``...ForCausalLM`` and ``...LMHeadModel``: ``causal-lm``);
+    - else a BERT-family config that says it is no decoder: ``masked-lm``;
+    - else ``causal-lm``.
+    """
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
-    for architecture in getattr(config, "architectures", None) or []:
-        if architecture.endswith(("ForMaskedLM", "ForPreTraining")):
+    for name in list(class_names) or list(getattr(config, "architectures", None) or []):
+        if name.endswith(MASKED_LM_HEADS):
             return "masked-lm"
-        if architecture.endswith(("ForCausalLM", "LMHeadModel")):
+        if name.endswith(CAUSAL_LM_HEADS):
             return "causal-lm"
-        if architecture.endswith("ForConditionalGeneration"):
-            return "seq2seq"
-    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in (
-        "bert",
-        "roberta",
-        "distilbert",
-        "albert",
-        "electra",
-    ):
+    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in BERT_FAMILY:
         return "masked-lm"
     return "causal-lm"
 
@@ -328,8 +335,7 @@ class HFAdapter(Adapter):
     def __init__(
         self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None
     ) -> None:
-        config = model.config
-        chosen = task or _task_of_model(model)
+        chosen = task or infer_task(model.config, [type(model).__name__])
         if chosen not in TASKS:
             raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
         self.task: Task = chosen  # type: ignore[assignment]
@@ -343,35 +349,54 @@ class HFAdapter(Adapter):
         # another path (RWKV's mixes the rows of a batch).
         self.takes_use_cache = keywords.named("use_cache") and chosen != "masked-lm"
         vocab_size = _output_vocab(model)
+        # What a signature cannot tell is measured by calling the model: the rows of its
+        # logits, where its positions start, and (below) whether labels give a loss.
         check_logit_rows(model, chosen, vocab_size)
         offset = position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0
         #: the model's own generation methods, when it has them; None: steps built by hand
-        self.generation: GenerationPath | None = None
-        no_cache_reason = "an encoder (masked LM) does not decode token by token" if family == "encoder" else None
-        generates = (
-            family != "encoder"
-            and callable(getattr(model, "generate", None))
-            and bool(getattr(model, "can_generate", lambda: False)())
+        self.generation, no_cache_reason = self._decoding(
+            model, family, keywords.named("position_ids"), offset, vocab_size
         )
-        if family != "encoder" and drives_generation(model):
+        super().__init__(model, self._capabilities(model, keywords, vocab_size, offset, no_cache_reason, tokenizer))
+        self.spec = spec
+        #: how the checkpoint's tensors were loaded (None for a model handed in as an object)
+        self.loading_info: LoadingInfo | None = getattr(model, "maskcheck_loading_info", None)
+        self.attn_implementation = getattr(model.config, "_attn_implementation", None)
+        # use_cache=False unless a packing setting leaves it at the config default (None)
+        self.use_cache: bool | None = False
+        self.mask_of_ones = False
+
+    def _decoding(
+        self, model: Any, family: str, takes_position_ids: bool, offset: int, vocab_size: int
+    ) -> tuple[GenerationPath | None, str | None]:
+        """How cached decoding runs (the model's own generation methods, or None: steps built
+        by hand), and why the model has no cache to check, or None when it has one."""
+        if family == "encoder":
+            return None, "an encoder (masked LM) does not decode token by token"
+        if drives_generation(model):
             if not model.can_generate():
-                no_cache_reason = "the model cannot generate() (can_generate() is False)"
-            else:
-                self.generation = GenerationPath(
-                    model, family == "encoder_decoder", keywords.named("position_ids"), offset
-                )
-                no_cache_reason = self.generation.feeds_only_new_tokens(vocab_size)
-        elif family != "encoder" and self.cache_keyword is None:
-            no_cache_reason = "the model's forward takes no cache (neither `cache` nor `past_key_values`)"
-        attention, window = declared_attention(config, family)
+                return None, "the model cannot generate() (can_generate() is False)"
+            generation = GenerationPath(model, family == "encoder_decoder", takes_position_ids, offset)
+            return generation, generation.feeds_only_new_tokens(vocab_size)
+        if self.cache_keyword is None:
+            return None, "the model's forward takes no cache (neither `cache` nor `past_key_values`)"
+        return None, None
+
+    def _capabilities(
+        self,
+        model: Any,
+        keywords: ForwardKeywords,
+        vocab_size: int,
+        offset: int,
+        no_cache_reason: str | None,
+        tokenizer: Any,
+    ) -> Capabilities:
+        config = model.config
+        family = FAMILY_OF_TASK[self.task]
         parameter = next(model.parameters())
-        device = str(parameter.device)
-        placement = getattr(model, "hf_device_map", None)
-        if placement:  # sharded by accelerate: inputs go where the first module (the embeddings) runs
-            first = next(iter(placement.values()))
-            device = f"cuda:{first}" if isinstance(first, int) else ("cpu" if first in ("cpu", "disk") else str(first))
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        capabilities = Capabilities(
+        attention, window = declared_attention(config, family)
+        return Capabilities(
             family=family,  # type: ignore[arg-type]
             vocab_size=vocab_size,
             # A mask is assumed to be taken unless the class's forward cannot accept one:
@@ -385,26 +410,20 @@ class HFAdapter(Adapter):
             packing="position_ids" if family == "decoder" and keywords.named("position_ids") else None,
             has_cache=family != "encoder" and no_cache_reason is None,
             no_cache_reason=no_cache_reason,
-            generates=generates,
-            has_loss=keywords.accepts("labels") and returns_loss(model, chosen, vocab_size),
+            generates=family != "encoder"
+            and callable(getattr(model, "generate", None))
+            and bool(getattr(model, "can_generate", lambda: False)()),
+            has_loss=keywords.accepts("labels") and returns_loss(model, self.task, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
             max_length=getattr(text_config, "max_position_embeddings", None)
             or getattr(text_config, "n_positions", None),
             attention=attention,  # type: ignore[arg-type]
             window=window,
             n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
-            device=device,
+            device=_input_device(model, parameter),
             dtype=str(parameter.dtype).removeprefix("torch."),
             tokenizer=tokenizer,
         )
-        super().__init__(model, capabilities)
-        self.spec = spec
-        #: how the checkpoint's tensors were loaded (None for a model handed in as an object)
-        self.loading_info: LoadingInfo | None = getattr(model, "maskcheck_loading_info", None)
-        self.attn_implementation = getattr(config, "_attn_implementation", None)
-        # use_cache=False unless a packing setting leaves it at the config default (None)
-        self.use_cache: bool | None = False
-        self.mask_of_ones = False
 
     def packing_settings(self) -> list[tuple[PackingSetting, Adapter]]:
         """The padding-free path (position ids restarting per sequence, as transformers'
@@ -611,13 +630,14 @@ class HFAdapter(Adapter):
         )
 
 
-def _task_of_model(model: Any) -> str:
-    name = type(model).__name__
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "seq2seq"
-    if name.endswith("ForMaskedLM"):
-        return "masked-lm"
-    return "causal-lm"
+def _input_device(model: Any, parameter: Any) -> str:
+    """Where inputs go: the parameters' device, or for a model sharded by accelerate the
+    device of its first module (the embeddings)."""
+    placement = getattr(model, "hf_device_map", None)
+    if not placement:
+        return str(parameter.device)
+    first = next(iter(placement.values()))
+    return f"cuda:{first}" if isinstance(first, int) else ("cpu" if first in ("cpu", "disk") else str(first))
 
 
 def _output_vocab(model: Any) -> int:
