@@ -212,27 +212,32 @@ def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:
     return compare_logits(first, second, where, with_scale=False).max_diff
 
 
-POSITION_CAVEAT = (
-    "; the model takes no position ids and does not derive them from the mask, so left padding shifts "
-    "the positions of real tokens: a real behaviour to know (pad on the right for this model), not a mask leak"
-)
-DECODER_POSITIONS = (
-    "; the model takes no position ids, so left padding shifts the positions of real tokens, and batched "
-    "generation must left-pad a decoder-only model: nothing a caller passes can fix it (derive positions from "
-    "attention_mask, or accept position_ids)"
+#: Explanations a verdict's message may end with, by name. A check that later finds the
+#: explanation wrong (the padded ids themselves move real outputs) removes it by name.
+CAVEATS = {
+    "left_padding_positions": (
+        "; the model takes no position ids and does not derive them from the mask, so left padding shifts "
+        "the positions of real tokens: a real behaviour to know (pad on the right for this model), not a mask leak"
+    ),
+    "decoder_positions": (
+        "; the model takes no position ids, so left padding shifts the positions of real tokens, and batched "
+        "generation must left-pad a decoder-only model: nothing a caller passes can fix it (derive positions from "
+        "attention_mask, or accept position_ids)"
+    ),
+}
+MASK_NOT_APPLIED = (
+    "; other ids in the padded slots move real outputs too, so this is not only shifted positions: "
+    "the padding mask is not applied"
 )
 
 
 def without_positional_caveat(check: Any) -> None:
     """A left-padding verdict explained by shifted positions, for a model whose padded ids
     were shown to move real outputs: the mask itself leaks, so the caveat does not hold."""
-    for caveat in (POSITION_CAVEAT, DECODER_POSITIONS):
-        if check.message.endswith(caveat):
-            check.status = "fail"
-            check.message = (
-                check.message[: -len(caveat)]
-                + "; other ids in the padded slots move real outputs too, so this is not only shifted positions: the padding mask is not applied"
-            )
+    if check.caveat in CAVEATS:
+        check.status = "fail"
+        check.message = check.message.removesuffix(CAVEATS[check.caveat]) + MASK_NOT_APPLIED
+        check.caveat = None
 
 
 def without_positional_caveats_if(results: list, leak_check: str) -> None:
@@ -251,7 +256,7 @@ def checked_positional_caveat(
     Where they do, the mask is not applied and the caveat goes. For suites that do not
     measure that themselves (the padding suite's pad_ids does); costs forwards only when
     the caveat was given."""
-    if not outcome.message.endswith((POSITION_CAVEAT, DECODER_POSITIONS)):
+    if outcome.caveat not in CAVEATS:
         return outcome
     ids, mask = batch.predicted_ids, batch.predicted_mask
     assert mask is not None
@@ -279,10 +284,11 @@ def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  
     if outcome.status != "fail" or side != "left" or positions_follow_mask or outcome.max_diff == float("inf"):
         return outcome
     if capabilities.family == "decoder":
-        outcome.message += DECODER_POSITIONS
+        outcome.caveat = "decoder_positions"
     else:
         outcome.status = "warn"
-        outcome.message += POSITION_CAVEAT
+        outcome.caveat = "left_padding_positions"
+    outcome.message += CAVEATS[outcome.caveat]
     return outcome
 
 

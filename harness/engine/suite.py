@@ -65,9 +65,11 @@ class Outcome:
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)  # extra data for pictures and reproduction
     positions_label: str = "row, position"  # what each pair in ``positions`` counts
-    table: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # rows a report shows as a table (the variants a layout was scored under)
+    # rows a report shows as a table (the variants a layout was scored under)
+    table: list[dict[str, Any]] = field(default_factory=list)
+    # The name of the explanation the message ends with (harness/engine/cases.py:
+    # CAVEATS), for a check that later revises it; None when the message has none.
+    caveat: str | None = None
 
     def result(self, check: str, status: str, message: str, case: dict[str, Any], **extra: Any) -> CheckResult:
         """The check's result that this case's outcome decides."""
@@ -82,6 +84,7 @@ class Outcome:
             case=case,
             positions_label=self.positions_label,
             table=self.table,
+            caveat=self.caveat,
             **extra,
         )
 
@@ -100,9 +103,8 @@ class Check:
     Hypothesis draws them once: the first check runs Hypothesis; when it passes, the next
     replays its examples in plain Python. A replayed case that fails sends that check back
     to Hypothesis, which draws the same examples again (same seed, answered from the
-    check's memo) and shrinks the failure. On the tiny reference model Hypothesis's drawing
-    costs about 0.2 ms a drawn case (some ten choices; harness.engine.strategies) against forwards
-    of 0.7 ms.
+    check's memo) and shrinks the failure. On a tiny model a drawn case costs about as
+    much as its forwards, so drawing once matters.
     """
 
     name: str
@@ -125,9 +127,8 @@ class DrawnCases:
     examples: list[list[Any]]
 
 
-#: the most random cases drawn in one Hypothesis example: its per-example cost (about
-#: 0.26 ms on this project's 2-core CPU, beside 0.6 ms per search) is shared by up to
-#: this many cases
+#: the most random cases drawn in one Hypothesis example: Hypothesis's fixed cost per
+#: example is shared by up to this many cases
 CASES_PER_EXAMPLE = 10
 
 

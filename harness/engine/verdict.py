@@ -30,6 +30,7 @@ class CheckResult:
     hypothesis_blob: str | None = None  # Hypothesis's @reproduce_failure line (ci/thorough); not stable across versions
     positions_label: str = "row, position"  # "output, input" for an influence pattern
     table: list[dict[str, Any]] = field(default_factory=list)  # rows the report shows as a table
+    caveat: str | None = None  # the explanation the message ends with, by name (harness/engine/cases.py: CAVEATS)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
