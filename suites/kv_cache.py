@@ -12,9 +12,8 @@ Checks (decoders and encoder-decoders that declare a cache)
   the cache, gives each row at every step the logits the model gives that row alone: one
   forward, without padding or cache, over the row's prompt and the tokens the batch
   generated for it. That reference is the model as it is evaluated (the mission: generation
-  must not diverge from it), costs one forward per row where decoding each row alone cost
-  one per token (kv_cache took 40 of a GPT-2-small audit's 94 s that way, about 27 of
-  81-83 s since), and scores the same tokens on both sides, so a near-tie of the argmax cannot make
+  must not diverge from it), costs one forward per row where decoding each row alone costs
+  one per token, and scores the same tokens on both sides, so a near-tie of the argmax cannot make
   a row's tokens diverge. A bug of the cache itself, not of padding, fails here too (the
   reference runs without a cache), but the ``incremental`` check names it. A model whose
   positions cannot follow the mask (no position ids, as BART's decoder) gets a ``warn``:

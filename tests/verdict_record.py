@@ -53,8 +53,8 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
     import hashlib
 
     from maskcheck import audit
-    from maskcheck.harness.audits import runner
     from maskcheck.harness.adapters.hf import HFAdapter
+    from maskcheck.harness.audits import runner
     from maskcheck.reference_models.hf_tiny import tiny_model
 
     model, suites = targets()[label]

@@ -64,8 +64,8 @@ def cache_directory() -> Path:
 
 @lru_cache(maxsize=1)
 def _class_templates() -> tuple[ClassTemplate, ...]:
-    """Every causal-LM class's parameter names: built once per transformers version (about
-    15 s on one core) and kept in :func:`cache_directory`."""
+    """Every causal-LM class's parameter names: built once per transformers version (seconds:
+    every class on the meta device) and kept in :func:`cache_directory`."""
     import transformers
 
     path = cache_directory() / f"class-templates-transformers-{transformers.__version__}.json"

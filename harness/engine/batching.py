@@ -36,10 +36,9 @@ from torch import Tensor
 
 from ..adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
 
-#: A forward's fixed cost in tokens of per-token cost: on this project's 2-core CPU with one
-#: thread a 124M GPT-2 forward costs 55-66 ms plus 3.15-3.3 ms a token, 16-21 tokens
-#: (``benchmarks/audit_overhead.py --forward-cost``; docs/performance.md). The lower end:
-#: padding that costs more than a forward is never added.
+#: A forward's fixed cost, in tokens of its per-token cost: padding that costs more than the
+#: forward it saves is never added. Measured on a CPU by ``benchmarks/audit_overhead.py
+#: --forward-cost`` (the figures are in docs/performance.md); this is the lower end of that range.
 FORWARD_COST_TOKENS = 16
 #: The most logits one stacked forward may return (rows x length x vocabulary): 256 MiB in float32.
 MAX_LOGITS = 2**26

@@ -1,16 +1,14 @@
 """Hypothesis strategies for cases, built to be cheap to draw.
 
-A ci-profile audit draws about 150 cases (and evaluates 276: checks that share a
-strategy replay its draws); on a small model Hypothesis's drawing is of the
-same order as the harness's own work (30 loss-masking cases: 11.0 ms with ``st.builds``,
-6.6 ms with :func:`case_strategy`).
+On a small model Hypothesis's drawing costs as much as the harness's own work per case,
+so the strategies avoid what makes a draw dear (docs/performance.md has the figures).
 
 Variable-length fields stay ``st.lists``. Drawing the size first and then the elements
 saves a choice per element, but the shrinker then cannot drop an element without
 shifting every later choice: asked for row lengths summing to at least 12 in one of ten
 cases, it reached the shortest answer, ``(3, 9)``, from 4 of 10 seeds (else ``(1, 2, 9)``)
 where lists reach it from 20 of 30, and it took longer to get there. A shrunk case is
-what a user reads first, so it is worth the 4 ms an audit.
+what a user reads first, so it is worth the few milliseconds an audit.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ def _frozen(value: Any) -> Any:
 def case_strategy(case_type: Callable[..., CaseT], **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[CaseT]:
     """``st.builds(case_type, **fields)``: the fields drawn in the given order, without
     ``builds``' per-draw bookkeeping (two fifths of drawing a case). A drawn list becomes a
-    tuple, so cases stay hashable (``.map(tuple)`` would cost a draw of its own, 3 ms an
-    audit). The composite is defined once, here: ``@st.composite`` inspects its function's
-    source, 0.5 ms a call."""
+    tuple, so cases stay hashable (``.map(tuple)`` would cost a draw of its own). The
+    composite is defined once, here: ``@st.composite`` inspects its function's source on
+    every call."""
     return _fields(case_type, tuple(fields.items()))

@@ -1,6 +1,6 @@
 """Leakage versus floating-point noise: thresholds from measured noise floors.
 
-Two kinds of comparison, two rules (docs/design.md, "Tolerance"):
+Two kinds of comparison, two rules (docs/design.md, "Deciding \"equal\""):
 
 * **same shape** (ids changed at masked positions, future tokens changed): a masked
   contribution is an exact zero, so the difference of a correct model equals the
@@ -16,27 +16,9 @@ magnitude among the compared logits and log-probabilities (at least 1), because
 rounding errors grow with the values rounded. Differences are taken between
 float64 log-softmax values at the compared positions only.
 
-Measured noise floors behind the defaults (``python scripts/noise_floor.py``, 2-core
-CPU, 10 examples per check of the mask, packing and kv_cache suites, every reference preset and the tiny Hugging Face GPT-2,
-Llama, Qwen2, Mistral, BERT, T5 and BART under eager and sdpa), as the worst difference
-in units of ``eps * scale``:
-
-| dtype    | same shape | shape changing (worst model and check)          | vs float32 (FlashAttention's err_ref) |
-|----------|------------|-------------------------------------------------|---------------------------------------|
-| float32  | 0 (exact)  | 1.48 (ref sliding, loss_masking/reference_loss) | -                                     |
-| bfloat16 | 0 (exact)  | 0.98 (BART, loss_masking/extra_padding)         | 0.50 (T5, sdpa)                       |
-| float16  | 0 (exact)  | 1.16 (T5, loss_masking/reference_loss)          | 0.46 (T5, eager)                      |
-
-The last column is FlashAttention's reference error: how far the low-precision model
-lies from the same model in float32. A shape-changing comparison sets two low-precision
-computations side by side, each within that error of the float32 result, so it can
-differ by twice it (1.0 and 0.9 units, matching the measured shape-changing floors);
-the bfloat16 and float16 ``shape_change_ulps`` (8 and 16) stay 8x above that.
-
-The defaults keep a margin of 8x or more over those floors. A leak in a random-init
-model with ``init_std=0.02`` moves log-probabilities by about 1e-4 to 1e-1 (see the
-seeded bugs), far above a float32 threshold of about 4e-6 at scale 10. CUDA float32
-defaults are doubled for TF32-free kernel differences until a GPU run measures them.
+The noise floors behind the defaults, and the margin the defaults keep over them, are
+measured by ``python scripts/noise_floor.py`` and tabled in docs/tolerance.md (the one
+place they are kept).
 """
 
 from __future__ import annotations
