@@ -282,9 +282,22 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
         cells = missing.nonzero().tolist()
         message = f"declared bidirectional, but {len(cells)} output/input pairs show no influence (first {cells[:4]})"
         return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
+    distance = torch.arange(expected.shape[0])[:, None] - torch.arange(expected.shape[0])[None, :]  # [T, T]: out - in
+    reach = int(distance[measured].max()) if measured.any() else 0
+    declared_reach = int(distance[expected].max()) if expected.any() else 0
+    if missing.any() and pattern == "sliding_window" and reach < declared_reach:
+        if not (missing & (distance <= reach)).any():  # a clean band: every input up to `reach` back moves, none beyond
+            cells = (missing & (distance == reach + 1)).nonzero().tolist()
+            message = (
+                f"declared {described} (Capabilities.attention='sliding_window', window={caps.window}), but influence "
+                f"reaches back only {reach} positions: the window is narrower than declared, so the model does not "
+                f"use the context it declares (first missing [output, input] {cells[:4]})"
+            )
+            return Outcome(
+                "fail", float(declared_reach - reach), influence.floor, influence.threshold, cells, message, detail,
+                positions_label="output, input",
+            )  # fmt: skip
     if missing.any() and pattern == "causal":
-        distance = torch.arange(expected.shape[0])[:, None] - torch.arange(expected.shape[0])[None, :]
-        reach = int(distance[measured].max()) if measured.any() else 0
         if not (missing & (distance <= reach)).any():
             beyond = influence.diff[missing]
             tail = float(beyond.max()) if beyond.numel() else 0.0

@@ -57,8 +57,12 @@ class Capabilities:
     pad_token_id: int | None = None
     max_length: int | None = None
     trained_length: int | None = None
-    attention: AttentionPattern = "causal"
-    window: int | None = None  # sliding-window width (a query sees itself and window - 1 keys back)
+    # The declared pattern; None takes the family's: an encoder reads both ways, a decoder
+    # (and an encoder-decoder's decoder) causally.
+    attention: AttentionPattern | None = None
+    # A sliding window's width W counts the token itself: a query reads itself and the
+    # W - 1 keys before it (Mistral's and PyTorch's convention); W=1 reads only itself.
+    window: int | None = None
     n_layers: int | None = None
     norm_layout: str | None = None
     position_scheme: str | None = None
@@ -66,6 +70,10 @@ class Capabilities:
     device: str = "cpu"
     dtype: str = "float32"
     tokenizer: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.attention is None:
+            object.__setattr__(self, "attention", "bidirectional" if self.family == "encoder" else "causal")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
