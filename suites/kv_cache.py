@@ -33,7 +33,9 @@ Cases cover what a sliding window needs: prompts and continuations longer than t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -127,7 +129,29 @@ def misshapen_cache(adapter: Adapter, batch: Batch, error: LogitsShapeError) -> 
 
 class CacheBatches(RowBatches):
     """Left-padded decoder batches; encoder-decoders get a right-padded source per row, of
-    2 to 4 tokens plus the case's padding, so the cross-attention cache must keep its mask."""
+    2 to 4 tokens plus the case's padding, so the cross-attention cache must keep its mask.
+
+    A model that takes no attention mask cannot be padded: every row of a case then has its
+    longest prompt, and batches carry no mask (what such a model is called with)."""
+
+    def lengths(self, prompt_lengths: Sequence[int]) -> list[int]:
+        """The case's prompt lengths, or all the longest for a model that takes no mask."""
+        if self.caps.takes_attention_mask:
+            return list(prompt_lengths)
+        return [max(prompt_lengths)] * len(prompt_lengths)
+
+    def batch(self, rows: Sequence[Tensor], length: int, side: str, **options: Any) -> Batch:
+        batch = super().batch(rows, length, side, **options)
+        if self.caps.takes_attention_mask or self.caps.family == "encoder_decoder":
+            return batch
+        assert batch.attention_mask is not None and bool(batch.attention_mask.all()), "rows of one length only"
+        return Batch(batch.input_ids, None, batch.position_ids)
+
+    def pad_side(self, batch: Batch) -> str:
+        """ "left" when the batch holds left padding; "none" for rows that fill it (no padding
+        to blame a difference on)."""
+        mask = batch.predicted_mask
+        return "left" if mask is not None and not bool(mask.all()) else "none"
 
     def sources(self, count: int, first_row: int, padding: int) -> tuple[Tensor, Tensor]:
         sources = [
@@ -149,9 +173,9 @@ class CacheBatches(RowBatches):
                 decoder_input_ids=batch.decoder_input_ids[:, :length],
                 decoder_attention_mask=batch.decoder_attention_mask[:, :length],
             )
-        assert batch.attention_mask is not None
+        mask = None if batch.attention_mask is None else batch.attention_mask[:, :length]
         positions = None if batch.position_ids is None else batch.position_ids[:, :length]
-        return Batch(batch.input_ids[:, :length], batch.attention_mask[:, :length], positions)
+        return Batch(batch.input_ids[:, :length], mask, positions)
 
 
 class KVCacheSuite(Suite):
@@ -168,9 +192,7 @@ class KVCacheSuite(Suite):
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_cache and not capabilities.generates:
             return self.no_cache(capabilities)
-        if not capabilities.takes_attention_mask:
-            return "the model takes no attention mask, so a left-padded batch cannot be decoded"
-        return None
+        return None  # a model that takes no mask decodes unpadded rows: CacheBatches
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         batches = CacheBatches(adapter)
@@ -192,14 +214,13 @@ class KVCacheSuite(Suite):
     def incremental(self, b: CacheBatches, context: RunContext, case: CacheCase) -> Evaluation:
         prompt = max(case.prompt_lengths)
         total = prompt + sum(case.chunks)
-        rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
+        rows = random_rows(b.adapter, b.lengths(case.prompt_lengths), case.seed)
         continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
         full = b.left_padded(
             [torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding
         )
         mask = full.predicted_mask
-        assert mask is not None
-        where = mask.bool()
+        where = torch.ones_like(full.predicted_ids, dtype=torch.bool) if mask is None else mask.bool()
 
         try:
             incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
@@ -239,10 +260,11 @@ class KVCacheSuite(Suite):
         return (yield from with_floor(b.adapter, full, where, judge))
 
     def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Evaluation:
-        rows = random_rows(b.adapter, case.prompt_lengths, case.seed)
+        rows = random_rows(b.adapter, b.lengths(case.prompt_lengths), case.seed)
         batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
-        size = batch.size
-        what = f"greedy decoding of a left-padded batch of {size} rows with the cache differs from each row's own forward (alone, no cache) over the same tokens"
+        size, side = batch.size, b.pad_side(batch)
+        kind = "a left-padded batch" if side == "left" else "an unpadded batch"
+        what = f"greedy decoding of {kind} of {size} rows with the cache differs from each row's own forward (alone, no cache) over the same tokens"
 
         def decoded(copies: int) -> Evaluation:
             """Decode ``copies`` copies of the batch (2: the copy gives the floor) and judge the first."""
@@ -276,7 +298,7 @@ class KVCacheSuite(Suite):
                     outcome.message += (
                         f"; the batch generated other tokens than each row's own argmax: {', '.join(diverged)}"
                     )
-            return left_padding_caveat(outcome, b.caps, "left")
+            return left_padding_caveat(outcome, b.caps, side)
 
         # Every threshold grows with the floor: the copy is decoded only for a case that does not pass without it.
         outcome = yield from decoded(1)

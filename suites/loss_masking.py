@@ -33,7 +33,7 @@ from ..harness.engine.cases import (
     without_positional_caveats_if,
 )
 from ..harness.engine.strategies import case_strategy
-from ..harness.engine.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 IGNORE = -100
 MAX_LENGTH = 12
@@ -80,9 +80,7 @@ class LossMaskingSuite(Suite):
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_loss:
             return "the model computes no loss of its own"
-        if not capabilities.takes_attention_mask:
-            return "the model takes no attention mask"
-        return None
+        return None  # without a mask, reference_loss runs on unpadded rows
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         longest = max(3, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
@@ -95,8 +93,16 @@ class LossMaskingSuite(Suite):
                 padded_loss[case] = float(adapter.loss(*self._batch(adapter, case, max(case.lengths) + case.extra)))
             return padded_loss[case]
 
+        reference = Check("reference_loss", lambda c: self.reference_loss(adapter, context, c, loss_of), cases)
+        if not adapter.capabilities.takes_attention_mask:
+            unpadded = "the model takes no attention mask, so its rows cannot be padded"
+            return [
+                reference,
+                CheckResult("padded_inputs", "not_applicable", unpadded),
+                CheckResult("extra_padding", "not_applicable", unpadded),
+            ]
         return [
-            Check("reference_loss", lambda c: self.reference_loss(adapter, context, c, loss_of), cases),
+            reference,
             Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c, loss_of), cases),
             Check("extra_padding", lambda c: self.extra_padding(adapter, context, c, loss_of), cases),
         ]
@@ -108,7 +114,11 @@ class LossMaskingSuite(Suite):
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)
-        rows = random_rows(adapter, case.lengths, case.seed)
+        lengths = list(case.lengths)
+        if not caps.takes_attention_mask:  # nothing can be padded: every row has the longest length
+            lengths = [max(lengths)] * len(lengths)
+            length = max(lengths)
+        rows = random_rows(adapter, lengths, case.seed)
         ids, mask = pad_rows(rows, length, case.side, pad)
         labels = ids.masked_fill(mask == 0, IGNORE)
         if adapter.capabilities.family == "decoder":
@@ -127,6 +137,8 @@ class LossMaskingSuite(Suite):
         if caps.family == "encoder_decoder":
             source = random_ids(case.seed + 3, (len(rows), 4), caps.vocab_size, pad, caps.device)
             return Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask), labels
+        if not caps.takes_attention_mask:
+            return Batch(ids, None, positions_for(adapter, mask)), labels
         return Batch(ids, mask, positions_for(adapter, mask)), labels
 
     def _judge(

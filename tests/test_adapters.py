@@ -174,7 +174,9 @@ def test_module_adapter_translates_key_padding_mask() -> None:
 
 
 def test_wrong_output_shape_is_an_adapter_error() -> None:
-    adapter = ModuleAdapter(lambda ids, mask: torch.zeros(1, 2, 3), Capabilities(family="decoder", vocab_size=5))
+    adapter = ModuleAdapter(
+        lambda ids, mask: torch.zeros(1, 2, 3), Capabilities(family="decoder", vocab_size=5), mask_convention="keep"
+    )
     with pytest.raises(AdapterError, match=r"expected \[B, T, V\] = \[1, 3, 5\]"):
         adapter.logits(Batch(torch.zeros(1, 3, dtype=torch.long)))
 

@@ -84,8 +84,13 @@ class SegmentDecoder(nn.Module):
 
 def test_a_plain_module_gets_its_segment_ids_as_a_keyword() -> None:
     caps = Capabilities(family="decoder", vocab_size=16, packing="segment_ids")
-    assert audit(ModuleAdapter(SegmentDecoder(), caps), ["packing"]).suite("packing").status == "pass"
-    leaking = audit(ModuleAdapter(SegmentDecoder(ignore_segments=True), caps), ["packing"]).suite("packing")
+    assert (
+        audit(ModuleAdapter(SegmentDecoder(), caps, mask_convention="keep"), ["packing"]).suite("packing").status
+        == "pass"
+    )
+    leaking = audit(
+        ModuleAdapter(SegmentDecoder(ignore_segments=True), caps, mask_convention="keep"), ["packing"]
+    ).suite("packing")
     assert leaking.status == "fail" and "segment_isolation" in [c.name for c in leaking.checks if c.status == "fail"]
 
 
@@ -125,7 +130,8 @@ def test_a_decoder_whose_positions_ignore_left_padding_fails() -> None:
     """Batched generation must left-pad a decoder-only model and nothing the caller passes
     fixes its positions: fail. An encoder-decoder's convention is right padding: warn."""
     padding = audit(
-        ModuleAdapter(AbsolutePositions(), Capabilities(family="decoder", vocab_size=16)), ["padding"]
+        ModuleAdapter(AbsolutePositions(), Capabilities(family="decoder", vocab_size=16), mask_convention="keep"),
+        ["padding"],
     ).suite("padding")
     checks = {c.name: c for c in padding.checks}
     assert checks["pad_ids"].status == "pass"  # the mask itself is right

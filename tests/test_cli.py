@@ -46,7 +46,8 @@ def test_error_and_nan_reports_validate_too() -> None:
 
     for forward in (nan_model, raising):
         report = audit(
-            ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding"]
+            ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8), mask_convention="keep"),
+            ["causal", "padding"],
         ).to_dict()
         jsonschema.validate(report, report_schema())
         json.dumps(report, allow_nan=False)  # strict JSON: raises on NaN or Infinity

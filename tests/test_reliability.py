@@ -100,7 +100,8 @@ def test_corrupt_and_unsupported_checkpoints_are_one_line_errors(tmp_path: Path,
 )
 def test_a_misbehaving_model_gets_a_verdict_and_the_audit_goes_on(forward, status: str, words: str) -> None:  # type: ignore[no-untyped-def]
     result = audit(
-        ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal", "padding", "packing"]
+        ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8), mask_convention="keep"),
+        ["causal", "padding", "packing"],
     )
     first = result.suites[0]
     assert first.status == status, [(c.name, c.status, c.message) for c in first.checks]
@@ -165,7 +166,7 @@ def test_ctrl_c_keeps_the_verdicts_that_finished(tmp_path: Path) -> None:
         "        if mask is not None and bool(((ids != 0) & (mask == 0)).any()):  # other ids at padded slots: padding/pad_ids\n"
         "            raise KeyboardInterrupt\n"
         "        return torch.zeros(*ids.shape, 8)\n"
-        "    return ModuleAdapter(forward, Capabilities(family='decoder', vocab_size=8))\n"
+        "    return ModuleAdapter(forward, Capabilities(family='decoder', vocab_size=8), mask_convention='keep')\n"
     )
     completed = subprocess.run(
         [

@@ -119,7 +119,9 @@ def test_one_failing_suite_does_not_stop_the_others() -> None:
     def raises(ids, mask):  # type: ignore[no-untyped-def]
         raise RuntimeError("kaboom")
 
-    result = audit(ModuleAdapter(raises, Capabilities(family="decoder", vocab_size=8)), MASK_SUITES)
+    result = audit(
+        ModuleAdapter(raises, Capabilities(family="decoder", vocab_size=8), mask_convention="keep"), MASK_SUITES
+    )
     assert [s.status for s in result.suites] == ["error", "error", "not_applicable", "not_applicable"]
     assert "kaboom" in result.suite("causal").checks[0].message
     assert result.exit_code == 1
@@ -137,7 +139,11 @@ def test_nan_at_a_compared_position_fails() -> None:
         return logits + (0.0 if mask is None or bool(mask.all()) else float("nan"))
 
     result = audit(
-        ModuleAdapter(nan_when_padded, Capabilities(family="encoder", vocab_size=8, attention="bidirectional")),
+        ModuleAdapter(
+            nan_when_padded,
+            Capabilities(family="encoder", vocab_size=8, attention="bidirectional"),
+            mask_convention="keep",
+        ),
         ["padding"],
     )
     checks = {c.name: c for c in result.suite("padding").checks}
@@ -311,7 +317,9 @@ def test_influence_that_stops_short_is_called_a_window_only_when_nothing_farther
 
     checks = {
         c.name: c
-        for c in audit(ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8)), ["causal"])
+        for c in audit(
+            ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8), mask_convention="keep"), ["causal"]
+        )
         .suite("causal")
         .checks
     }

@@ -129,16 +129,16 @@ def adapter_for(
 
         if isinstance(capabilities, dict):
             capabilities = Capabilities(**capabilities)
-        convention = getattr(model, "maskcheck_mask_convention", "keep")
         try:
             return ModuleAdapter(
                 model,
                 capabilities,
-                mask_convention=convention,
+                mask_convention=getattr(model, "maskcheck_mask_convention", None),  # None: measured
+                mask_keyword=getattr(model, "maskcheck_mask_keyword", None),  # None: found by name
                 loss_fn=getattr(model, "maskcheck_loss", None),
                 spec=spec,
             )
-        except ValueError as exc:  # a declared capability the module cannot take
+        except ValueError as exc:  # a declaration the module contradicts, or a polarity it does not show
             raise SpecError(f"{spec}: {exc}") from None
     raise SpecError(
         f"{spec}: got a {type(model).__name__}; expected a transformers PreTrainedModel, a reference Transformer, "
