@@ -20,6 +20,7 @@ from .config import ModelConfig
 from .masks import build_attention_mask
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
 from .plain import StepReadsPadding, plain_decoder
+from .scratch import ScratchDecoder, StepPositionOffByOne, scratch_with_loss
 
 
 @dataclass(frozen=True)
@@ -581,6 +582,30 @@ MUTANTS: dict[str, Mutant] = {
             "Llama whose attention drops the mask on cached chunks, so SDPA aligns is_causal top-left",
             "llama",
             _top_left_causal_on_cached_chunks,
+        ),
+        Mutant(
+            "module_state_cache_position_off_by_one",
+            "kv_cache",
+            "incremental",
+            " ".join((StepPositionOffByOne.__doc__ or "").split()) + " (a model that takes no mask)",
+            StepPositionOffByOne,
+            ScratchDecoder,
+        ),
+        Mutant(
+            "scratch_loss_without_shift",
+            "loss_masking",
+            "reference_loss",
+            "a from-scratch decoder that takes no mask scores each position against its own token, not the next",
+            lambda: scratch_with_loss(shifted=False),
+            scratch_with_loss,
+        ),
+        Mutant(
+            "scratch_window_narrower_than_declared",
+            "causal",
+            "declared_pattern",
+            "a from-scratch decoder declaring a sliding window of 4 whose layers read only 3 (themselves and 2 back)",
+            lambda: ScratchDecoder(window=3, declared_window=4),
+            lambda: ScratchDecoder(window=4),
         ),
         Mutant(
             "hf_gemma_weights_as_llama",

@@ -46,7 +46,8 @@ A KV cache, for ``has_cache=True``, has one of two shapes:
   The prefill is ``setup_caches`` then a forward of the prompt at positions ``0..T-1``;
   a step feeds the next positions. The module holds one request's state at a time, so a
   fork is the tokens fed so far: a step on a state that is not the module's live one
-  runs that state's tokens again first. ``examples/module_state_decoder.py``.
+  runs that state's tokens again first. ``examples/module_state_decoder.py`` (the model:
+  ``maskcheck.reference_models.scratch``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,57 @@
+"""Third-party Transformers, wrapped for maskcheck in the fewest lines each takes.
+
+What maskcheck finds by itself: the mask keyword (by name) and its polarity (measured),
+the cache calls (by their shape), the vocabulary (from the logits). What each model must
+say is what it is: ``maskcheck_capabilities``. Audit one with::
+
+    maskcheck audit module:third_party:x_decoder
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def x_decoder() -> nn.Module:
+    """x-transformers' decoder: its forward takes ``mask=`` (True = real token), found and measured.
+    Rotary positions (relative), so left padding leaves real tokens' outputs alone; x-transformers'
+    default absolute embedding numbers columns, which left padding shifts (the padding suite says so)."""
+    from x_transformers import Decoder, TransformerWrapper
+
+    torch.manual_seed(0)
+    layers = Decoder(dim=32, depth=2, heads=2, rotary_pos_emb=True)
+    model = TransformerWrapper(num_tokens=64, max_seq_len=64, use_abs_pos_emb=False, attn_layers=layers).eval()
+    model.maskcheck_capabilities = {"family": "decoder", "vocab_size": 64, "max_length": 64}
+    return model
+
+
+def x_encoder() -> nn.Module:
+    """x-transformers' encoder (attention both ways: the family's default pattern)."""
+    from x_transformers import Encoder, TransformerWrapper
+
+    torch.manual_seed(0)
+    layers = Encoder(dim=32, depth=2, heads=2, rotary_pos_emb=True)
+    model = TransformerWrapper(num_tokens=64, max_seq_len=64, use_abs_pos_emb=False, attn_layers=layers).eval()
+    model.maskcheck_capabilities = {"family": "encoder", "vocab_size": 64, "max_length": 64}
+    return model
+
+
+class TorchEncoder(nn.Module):
+    """PyTorch's own ``nn.TransformerEncoder`` under an embedding and a head: the padding mask is
+    its ``src_key_padding_mask`` (True = padding), found by name and its polarity measured."""
+
+    def __init__(self, vocab_size: int = 64, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(vocab_size, width), nn.Linear(width, vocab_size)
+        layer = nn.TransformerEncoderLayer(width, nhead=2, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.maskcheck_capabilities = {"family": "encoder", "vocab_size": vocab_size}
+
+    def forward(self, input_ids: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(input_ids), src_key_padding_mask=src_key_padding_mask))
+
+
+def torch_encoder() -> nn.Module:
+    return TorchEncoder().eval()

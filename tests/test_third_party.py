@@ -1,0 +1,89 @@
+"""Third-party Transformers as their authors wrote them (examples/third_party.py, the
+recipes the README shows): the mask keyword is found by name and its polarity measured;
+clean models pass; a wrong polarity declared, or a mask dropped, fails; a module that
+takes no mask still gets every check that needs none."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskcheck import audit
+from maskcheck.harness.adapters.base import Batch, Capabilities
+from maskcheck.harness.adapters.module import DeclarationError, ModuleAdapter
+from maskcheck.harness.adapters.specs import adapter_for
+from maskcheck.reference_models.scratch import ScratchDecoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import third_party  # noqa: E402
+
+pytest.importorskip("x_transformers")  # the dev extra installs it; without it this file cannot run
+
+
+@pytest.mark.parametrize(
+    ("factory", "keyword", "meaning"),
+    [
+        (third_party.x_decoder, "mask", "True = real token"),
+        (third_party.x_encoder, "mask", "True = real token"),
+        (third_party.torch_encoder, "src_key_padding_mask", "True = padding"),
+    ],
+)
+def test_the_mask_keyword_is_found_and_its_polarity_measured(factory, keyword: str, meaning: str) -> None:  # type: ignore[no-untyped-def]
+    adapter = adapter_for(factory())
+    assert adapter.describe()["mask"] == f"{keyword}= ({meaning}, measured)"
+
+
+@pytest.mark.parametrize("factory", [third_party.x_decoder, third_party.x_encoder, third_party.torch_encoder])
+def test_clean_third_party_models_pass_the_mask_suites(factory) -> None:  # type: ignore[no-untyped-def]
+    result = audit(factory(), ["causal", "padding"], profile="ci")
+    assert {s.name: s.status for s in result.suites} == {"causal": "pass", "padding": "pass"}, result
+
+
+def test_a_polarity_declared_the_wrong_way_fails_padding() -> None:
+    model = third_party.torch_encoder()
+    model.maskcheck_mask_convention = "keep"  # src_key_padding_mask is True at padding
+    padding = audit(model, ["padding"]).suite("padding")
+    assert padding.status == "fail", padding
+
+
+def test_a_mask_keyword_the_forward_does_not_take_is_refused() -> None:
+    model = third_party.torch_encoder()
+    model.maskcheck_mask_keyword = "attention_mask"
+    with pytest.raises(Exception, match="mask_keyword='attention_mask', but the forward takes no 'attention_mask'"):
+        adapter_for(model)
+
+
+def test_an_unmeasurable_polarity_asks_for_the_declaration() -> None:
+    def ignores_its_mask(input_ids, mask=None):  # type: ignore[no-untyped-def]
+        return torch.zeros(*input_ids.shape, 8)
+
+    with pytest.raises(DeclarationError, match="cannot tell the polarity of the forward's 'mask'.*declare"):
+        ModuleAdapter(ignores_its_mask, Capabilities(family="decoder", vocab_size=8))
+
+
+def test_a_module_without_a_mask_runs_every_check_that_needs_none() -> None:
+    """A gpt-fast-style decoder: no mask parameter, a cache kept in the module. kv_cache and
+    the loss's reference check run on unpadded rows; only what needs padding is n/a."""
+    result = audit(ScratchDecoder(), ["causal", "padding", "kv_cache"], profile="ci")
+    statuses = {s.name: s.status for s in result.suites}
+    assert statuses == {"causal": "pass", "padding": "not_applicable", "kv_cache": "pass"}, result
+    kv = {c.name: c.status for c in result.suite("kv_cache").checks}
+    assert kv == {"incremental": "pass", "greedy_generation": "pass"}
+    assert adapter_for(ScratchDecoder()).describe()["cache"] == "module"
+
+
+def test_a_module_state_cache_forks_by_feeding_its_tokens_again() -> None:
+    adapter = adapter_for(ScratchDecoder())
+    ids = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+    _, state = adapter.prefill(Batch(ids[:, :3]))
+    fork = adapter.fork(state)
+    first, _ = adapter.step(state, ids[:, 3:4])
+    other, _ = adapter.step(fork, ids[:, 4:5])  # the module holds the first branch now: the fork is fed again
+    again, _ = adapter.step(adapter.fork(state), ids[:, 3:4])
+    full = adapter.logits(Batch(ids))
+    torch.testing.assert_close(first[0, -1], again[0, -1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(first[0, -1], full[0, 3], atol=1e-5, rtol=0)
+    assert not torch.allclose(first, other)
