@@ -253,6 +253,15 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
 
 
 def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabilities) -> Outcome:  # type: ignore[no-untyped-def]
+    compared = influence.diff[influence.outputs]
+    if not bool(torch.isfinite(compared).all()):  # NaN compares false: it would read as "no influence"
+        cells = (~torch.isfinite(influence.diff) & influence.outputs[:, None]).nonzero().tolist()
+        message = (
+            f"the model's logits are NaN/inf when inputs change ([output, input] {cells[:8]}), so the influence "
+            "pattern cannot be measured"
+        )
+        return Outcome("fail", float("inf"), influence.floor, influence.threshold, cells, message,
+                       positions_label="output, input")  # fmt: skip
     measured = influence.measured
     leaks = measured & ~expected
     detail = {"influence": influence.diff.tolist(), "expected": expected.tolist(), "threshold": influence.threshold}

@@ -253,7 +253,8 @@ class KVCacheSuite(Suite):
                 ):  # no cache is read yet: the prompt alone is scored otherwise than inside the full sequence
                     outcome.message += (
                         " (no cache is read before the first step: the prompt's logits differ from the full forward's at the same positions, "
-                        "so the model reads later tokens (see the causal suite) or scores a prompt otherwise than the start of a longer sequence)"
+                        "so the model reads later tokens (the causal suite), reads the padded slots its mask hides (the padding suite), "
+                        "or scores a prompt otherwise than the start of a longer sequence)"
                     )
             return outcome
 

@@ -197,7 +197,7 @@ class PaddingSuite(Suite):
         batch_a = b.batch([row, *others_a], max((case.length, *case.others_a)), case.side)
         batch_b = b.batch([row, *others_b], max((case.length, *case.others_b)), case.side)
         logits_a = yield Logits(b.adapter, batch_a)
-        what = f"row 0 changed when the other rows changed from lengths {list(case.others_a)} to {list(case.others_b)} ({case.side} padding)"
+        what = f"row 0 changed when the other rows changed from {_rows(case.others_a)} to {_rows(case.others_b)} ({case.side} padding)"
 
         def judge(logits_b: Tensor, floor: float) -> Outcome:
             pairs = [
@@ -252,3 +252,8 @@ class PaddingSuite(Suite):
             return outcome
 
         return (yield from with_floor(b.adapter, with_positions, mask.bool(), judge))
+
+
+def _rows(lengths: tuple[int, ...]) -> str:
+    """The other rows of a batch, as a message names them."""
+    return f"rows of lengths {list(lengths)}" if lengths else "none (row 0 alone)"

@@ -87,3 +87,41 @@ def test_a_module_state_cache_forks_by_feeding_its_tokens_again() -> None:
     torch.testing.assert_close(first[0, -1], again[0, -1], atol=1e-5, rtol=0)
     torch.testing.assert_close(first[0, -1], full[0, 3], atol=1e-5, rtol=0)
     assert not torch.allclose(first, other)
+
+
+# -- messages that name the cause ---------------------------------------------------------------
+
+
+def test_a_nan_encoder_is_said_to_give_nan_not_to_behave_causally() -> None:
+    """Before: NaN compares false, so a bidirectional encoder that returned NaN read as "no
+    output is influenced by any later input: the model behaves causally"."""
+
+    def nan_encoder(input_ids, attention_mask=None):  # type: ignore[no-untyped-def]
+        return torch.full((*input_ids.shape, 8), float("nan"))
+
+    adapter = ModuleAdapter(nan_encoder, Capabilities(family="encoder", vocab_size=8), mask_convention="keep")
+    checks = {c.name: c for c in audit(adapter, ["causal"]).suite("causal").checks}
+    pattern = checks["declared_pattern"]
+    assert pattern.status == "fail" and "NaN/inf" in pattern.message and "causally" not in pattern.message
+    decoder = ModuleAdapter(nan_encoder, Capabilities(family="decoder", vocab_size=8), mask_convention="keep")
+    future = next(c for c in audit(decoder, ["causal"]).suite("causal").checks if c.name == "future_tokens")
+    assert future.status == "fail" and "NaN/inf" in future.message and "so nothing could be compared" in future.message
+
+
+def test_a_cache_bug_on_unpadded_rows_is_not_blamed_on_left_padding() -> None:
+    """Before: greedy_generation appended "left padding shifts the positions" to a cache bug
+    whose shrunk case had no padding at all."""
+    from maskcheck.reference_models.mutants import build
+
+    checks = {
+        c.name: c for c in audit(build("module_state_cache_position_off_by_one"), ["kv_cache"]).suite("kv_cache").checks
+    }
+    greedy = checks["greedy_generation"]
+    assert greedy.status == "fail" and "an unpadded batch" in greedy.message
+    assert "left padding" not in greedy.message and greedy.caveat is None
+
+
+def test_a_batch_without_other_rows_is_named_so() -> None:
+    from maskcheck.suites.padding import _rows
+
+    assert _rows(()) == "none (row 0 alone)" and _rows((2, 3)) == "rows of lengths [2, 3]"

@@ -137,7 +137,8 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
             floor,
             threshold,
             nonfinite,
-            f"{what}: NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}",
+            f"the model's logits are NaN/inf at {len(nonfinite)} compared position(s) {nonfinite[:8]}, so nothing "
+            f"could be compared (while checking: {what})",
             positions_label=label,
         )
     if comparison.max_diff > threshold:
@@ -161,7 +162,10 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
 def nonfinite_floor(floor: float, threshold: float, what: str) -> Outcome:
     """A repeat floor that is NaN or inf: the model's own output at a compared position is
     not finite, so no threshold can be derived and nothing can pass."""
-    message = f"{what}: the model's output is NaN/inf at compared positions (noise floor {floor}), so the outputs cannot be compared"
+    message = (
+        f"the model's logits are NaN/inf at compared positions (noise floor {floor}), so nothing could be compared "
+        f"(while checking: {what})"
+    )
     return Outcome("fail", float("inf"), floor, threshold, [], message)
 
 
