@@ -178,9 +178,15 @@ class LossMaskingSuite(Suite):
                 logits, labels.masked_fill(labels == IGNORE, 0), shift
             ),
         }
+        advice = {
+            "targets not shifted": (
+                "; a loss that takes targets already shifted (nanoGPT's) is given labels as a collator builds them "
+                "(unshifted): wrap it as lambda logits, labels: loss(logits[:, :-1], labels[:, 1:])"
+            ),
+        }
         for name, value in candidates.items():
             if abs(value - measured) <= max(threshold, 1e-6 * abs(value)):
-                return f"it matches a loss with {name} ({value:.6g})"
+                return f"it matches a loss with {name} ({value:.6g})" + advice.get(name, "")
         return "it matches none of: " + ", ".join(candidates)
 
     def padded_inputs(

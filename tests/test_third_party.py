@@ -125,3 +125,38 @@ def test_a_batch_without_other_rows_is_named_so() -> None:
     from maskcheck.suites.padding import _rows
 
     assert _rows(()) == "none (row 0 alone)" and _rows((2, 3)) == "rows of lengths [2, 3]"
+
+
+def test_a_module_state_cache_bug_replays_from_its_bundle_in_another_directory(tmp_path: Path) -> None:
+    import subprocess
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    report = tmp_path / "report"
+    spec = "module:module_state_decoder:decoder_with_position_bug"
+    command = [sys.executable, "-m", "maskcheck", "audit", spec, "--suites", "kv_cache", "-q", "--report", str(report)]
+    audited = subprocess.run(command, cwd=examples, capture_output=True, text=True, timeout=300)
+    assert audited.returncode == 1, audited.stdout[-2000:] + audited.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    replayed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(report / "repro-kv_cache")],
+        cwd=elsewhere, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert replayed.returncode == 1, replayed.stdout[-2000:]
+    assert "cached decoding (prefill" in replayed.stdout and "differs from the full forward" in replayed.stdout
+
+
+def test_a_loss_with_another_ignore_index_is_told_the_wrapper_to_write() -> None:
+    import torch.nn.functional as F
+
+    model = ScratchDecoder()
+    model.maskcheck_loss = (
+        lambda logits, labels: F.cross_entropy(  # type: ignore[assignment]
+            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-1
+        )
+    )
+    model.maskcheck_capabilities["has_loss"] = True
+    reference = next(
+        c for c in audit(model, ["loss_masking"]).suite("loss_masking").checks if c.name == "reference_loss"
+    )
+    assert reference.status == "error" and "labels.masked_fill(labels == -100, -1)" in reference.message

@@ -255,7 +255,16 @@ class ModuleAdapter(Adapter):
 
     def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
         assert self.loss_fn is not None
-        return self.loss_fn(self._logits(batch), labels)
+        logits = self._logits(batch)
+        try:
+            return call_model(self.loss_fn, logits, labels)
+        except AdapterError as exc:
+            if "out of bounds" not in str(exc):
+                raise
+            raise AdapterError(
+                f"{exc}: maskcheck_loss gets unshifted labels with -100 at ignored targets; for a loss with another "
+                "ignore index, wrap it: lambda logits, labels: loss(logits, labels.masked_fill(labels == -100, -1))"
+            ) from exc
 
     # -- caches --------------------------------------------------------------------------
 
