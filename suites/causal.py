@@ -276,7 +276,8 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
         message = (
             f"influence outside the declared {described} pattern: [output, input] {cells[:8]}"
             f"{' ...' if len(cells) > 8 else ''}; max |d log p| = {worst:.3g} > threshold {influence.threshold:.3g} "
-            f"(noise floor {influence.floor:.3g})"
+            f"(noise floor {influence.floor:.3g}); the pattern rests on attention={caps.attention!r} for a "
+            f"{caps.family!r} model"
         )
         return Outcome(
             "fail", worst, influence.floor, influence.threshold, cells, message, detail, positions_label="output, input"
