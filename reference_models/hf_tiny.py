@@ -11,6 +11,28 @@ from typing import Any, Callable
 
 import torch
 
+#: the config fields that carry a causal LM checkpoint's widths, epsilon, rope and special
+#: ids: what a config written by hand for a checkpoint copies from it, the rest being its
+#: class's defaults (the layout variants of harness/adapters/hf_variants.py keep the same)
+CHECKPOINT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_theta",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
 VOCAB = 96
 COMMON = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 

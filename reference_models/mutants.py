@@ -405,41 +405,21 @@ def _mistral(window_dropped: bool) -> Any:
     return cls(config).eval()
 
 
-#: what a hand-written config copies from the checkpoint it is written for: widths, epsilon,
-#: rope and special ids (the rest is the other class's defaults: the mismatch)
-_HAND_COPIED = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-    "attention_bias",
-    "mlp_bias",
-    "rms_norm_eps",
-    "rope_parameters",
-    "rope_theta",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-)
-
-
 def _shipped_hf(name: str, as_type: str | None = None) -> Any:
     """A shipped Hugging Face checkpoint; with ``as_type``, its weights under that type's class
     (the layout mismatch a hand-written config makes)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from .hf_tiny import CHECKPOINT_FIELDS
     from .shipped import SHIPPED_HF
 
     model = AutoModelForCausalLM.from_pretrained(str(SHIPPED_HF[name]), use_safetensors=True)
     if as_type is None:
         return model.eval()
     declared, defaults = model.config.to_dict(), AutoConfig.for_model(as_type).to_dict()
-    config = AutoConfig.for_model(as_type, **{k: declared[k] for k in _HAND_COPIED if k in declared and k in defaults})
+    config = AutoConfig.for_model(
+        as_type, **{k: declared[k] for k in CHECKPOINT_FIELDS if k in declared and k in defaults}
+    )
     mismatched = AutoModelForCausalLM.from_config(config, attn_implementation=model.config._attn_implementation)
     mismatched.load_state_dict(model.state_dict(), strict=True)  # the shipped checkpoints fit both classes
     return mismatched.eval()

@@ -23,29 +23,13 @@ from typing import Any
 
 import torch
 
+from ...reference_models.hf_tiny import CHECKPOINT_FIELDS
+
 #: rope_theta values checkpoints commonly use; the declared one is left out
 ROPE_THETAS = (10_000.0, 500_000.0, 1_000_000.0)
 #: config fields a sibling class takes from the model: its widths, and the fields that are
 #: variants of their own (epsilon, rope), so that a sibling differs only in what makes it that class
-KEPT_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-    "attention_bias",
-    "mlp_bias",
-    "rms_norm_eps",
-    "rope_parameters",
-    "rope_theta",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-)
+KEPT_FIELDS = CHECKPOINT_FIELDS
 #: where causal LMs keep their final norm, on the base model
 FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_layer_norm", "norm_f")
 
