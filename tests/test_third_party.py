@@ -160,3 +160,22 @@ def test_a_loss_with_another_ignore_index_is_told_the_wrapper_to_write() -> None
         c for c in audit(model, ["loss_masking"]).suite("loss_masking").checks if c.name == "reference_loss"
     )
     assert reference.status == "error" and "labels.masked_fill(labels == -100, -1)" in reference.message
+
+
+def test_a_forward_that_returns_only_the_last_position_is_asked_with_targets() -> None:
+    """nanoGPT's forward(idx, targets=None) returns logits[:, [-1]] without targets: before,
+    a shape error in every suite; now every position, read through targets."""
+    import torch.nn.functional as F
+
+    class LastPositionOnly(ScratchDecoder):
+        def forward(self, idx, targets=None):  # type: ignore[no-untyped-def, override]
+            logits = super().forward(idx)
+            if targets is None:
+                return logits[:, [-1]], None
+            return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    model = LastPositionOnly()
+    model.maskcheck_capabilities["has_cache"] = False
+    assert audit(model, ["causal"], profile="ci").suite("causal").status == "pass"
+    ids = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(adapter_for(model).logits(Batch(ids)), ScratchDecoder()(ids), atol=1e-6, rtol=0)
