@@ -148,8 +148,8 @@ class CacheBatches(RowBatches):
         return Batch(batch.input_ids, None, batch.position_ids)
 
     def pad_side(self, batch: Batch) -> str:
-        """ "left" when the batch holds left padding; "none" for rows that fill it (no padding
-        to blame a difference on)."""
+        """The batch's padding side: left when it holds left padding, none for rows that fill
+        it (no padding to blame a difference on)."""
         mask = batch.predicted_mask
         return "left" if mask is not None and not bool(mask.all()) else "none"
 
