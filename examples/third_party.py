@@ -15,8 +15,7 @@ from torch import nn
 
 def x_decoder() -> nn.Module:
     """x-transformers' decoder: its forward takes ``mask=`` (True = real token), found and measured.
-    Rotary positions (relative), so left padding leaves real tokens' outputs alone; x-transformers'
-    default absolute embedding numbers columns, which left padding shifts (the padding suite says so)."""
+    Rotary positions: attention depends on relative distances, which left padding does not change."""
     from x_transformers import Decoder, TransformerWrapper
 
     torch.manual_seed(0)
