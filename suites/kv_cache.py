@@ -53,6 +53,7 @@ from ..harness.engine.cases import (
     random_ids,
     random_rows,
     repeat_floor,
+    row_lengths,
     shape_change_outcome,
     with_floor,
 )
@@ -134,12 +135,6 @@ class CacheBatches(RowBatches):
     A model that takes no attention mask cannot be padded: every row of a case then has its
     longest prompt, and batches carry no mask (what such a model is called with)."""
 
-    def lengths(self, prompt_lengths: Sequence[int]) -> list[int]:
-        """The case's prompt lengths, or all the longest for a model that takes no mask."""
-        if self.caps.takes_attention_mask:
-            return list(prompt_lengths)
-        return [max(prompt_lengths)] * len(prompt_lengths)
-
     def batch(self, rows: Sequence[Tensor], length: int, side: str, **options: Any) -> Batch:
         batch = super().batch(rows, length, side, **options)
         if self.caps.takes_attention_mask or self.caps.family == "encoder_decoder":
@@ -214,7 +209,7 @@ class KVCacheSuite(Suite):
     def incremental(self, b: CacheBatches, context: RunContext, case: CacheCase) -> Evaluation:
         prompt = max(case.prompt_lengths)
         total = prompt + sum(case.chunks)
-        rows = random_rows(b.adapter, b.lengths(case.prompt_lengths), case.seed)
+        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths), case.seed)
         continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
         full = b.left_padded(
             [torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding
@@ -261,7 +256,7 @@ class KVCacheSuite(Suite):
         return (yield from with_floor(b.adapter, full, where, judge))
 
     def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Evaluation:
-        rows = random_rows(b.adapter, b.lengths(case.prompt_lengths), case.seed)
+        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths), case.seed)
         batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
         size, side = batch.size, b.pad_side(batch)
         kind = "a left-padded batch" if side == "left" else "an unpadded batch"

@@ -30,6 +30,7 @@ from ..harness.engine.cases import (
     positions_for,
     random_ids,
     random_rows,
+    row_lengths,
     without_positional_caveats_if,
 )
 from ..harness.engine.strategies import case_strategy
@@ -114,9 +115,8 @@ class LossMaskingSuite(Suite):
 
     def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
         caps, pad = adapter.capabilities, pad_token(adapter)
-        lengths = list(case.lengths)
-        if not caps.takes_attention_mask:  # nothing can be padded: every row has the longest length
-            lengths = [max(lengths)] * len(lengths)
+        lengths = row_lengths(caps, case.lengths)
+        if not caps.takes_attention_mask:  # nothing can be padded: no extra padding either
             length = max(lengths)
         rows = random_rows(adapter, lengths, case.seed)
         ids, mask = pad_rows(rows, length, case.side, pad)

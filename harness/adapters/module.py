@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 import torch
@@ -134,8 +134,6 @@ class ModuleAdapter(Adapter):
         self.targets_keyword = "targets" if "targets" in parameters else None
         self.cache_shape = self._cache_shape(model, capabilities, keywords)
         if self.mask_keyword is None and capabilities.takes_attention_mask:
-            from dataclasses import replace
-
             capabilities = replace(capabilities, takes_attention_mask=False)
         super().__init__(model, capabilities)
         self.loss_fn = loss_fn

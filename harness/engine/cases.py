@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..adapters.base import Adapter, Batch, concat, pad_token, positions_from_mask
+from ..adapters.base import Adapter, Batch, Capabilities, concat, pad_token, positions_from_mask
 from .batching import Evaluation, Logits
 from .suite import Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
@@ -37,6 +37,14 @@ def random_rows(adapter: Adapter, lengths: Sequence[int], seed: int) -> list[Ten
     the same whether it is run in its batch or alone."""
     vocab, pad = adapter.capabilities.vocab_size, pad_token(adapter)
     return [random_ids(seed * 31 + i, (n,), vocab, pad) for i, n in enumerate(lengths)]
+
+
+def row_lengths(capabilities: Capabilities, lengths: Sequence[int]) -> list[int]:
+    """A case's row lengths as the model can take them: a model that takes no attention mask
+    cannot be padded, so every row has the longest length."""
+    if capabilities.takes_attention_mask:
+        return list(lengths)
+    return [max(lengths)] * len(lengths)
 
 
 def perturb(ids: Tensor, where: Tensor, vocab_size: int, seed: int, avoid: int | None = None) -> Tensor:
