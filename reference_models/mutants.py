@@ -9,6 +9,7 @@ Build one with :func:`build` or the spec ``mutant:NAME``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from torch import Tensor
 from .config import ModelConfig
 from .masks import build_attention_mask
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
+from .path_bugs import BackwardLeakDecoder, WindowedEncoderDecoder, WindowedMHADecoder
 from .plain import StepReadsPadding, plain_decoder
 from .scratch import ScratchDecoder, StepPositionOffByOne, scratch_with_loss
 
@@ -432,6 +434,25 @@ ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
 SLIDING = ModelConfig(sliding_window=3, n_layers=2)
 
 
+def _llama_mask_dropped() -> Any:
+    """A tiny Llama whose forward drops the attention mask it is given. With use_cache=False
+    and position ids derived from the mask, transformers reads the restarting positions as
+    packed sequences and isolates the padded slots, so the drop looks exact; with the cache
+    at its default (as users call it) nothing isolates them."""
+    model = _tiny_hf("llama", "sdpa")
+    model.__class__ = _mask_dropping(type(model))
+    return model
+
+
+def _mask_dropping(cls: type) -> type:
+    @functools.wraps(cls.forward)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["attention_mask"] = None
+        return cls.forward(self, *args, **kwargs)
+
+    return type(f"MaskDropping{cls.__name__}", (cls,), {"forward": forward})
+
+
 def _ref(
     name: str, suite: str, check: str, config: ModelConfig, description: str | None = None, **swaps: type
 ) -> Mutant:
@@ -586,6 +607,40 @@ MUTANTS: dict[str, Mutant] = {
             "a from-scratch decoder declaring a sliding window of 4 whose layers read only 3 (themselves and 2 back)",
             lambda: ScratchDecoder(window=3, declared_window=4),
             lambda: ScratchDecoder(window=4),
+        ),
+        Mutant(
+            "module_mha_window_hint",
+            "causal",
+            "declared_pattern",
+            " ".join((WindowedMHADecoder.__doc__ or "").split())
+            + " (exact under inference mode; the window is dropped when called without a mask with gradients on)",
+            lambda: WindowedMHADecoder(is_causal_hint=True),
+            lambda: WindowedMHADecoder(is_causal_hint=False),
+        ),
+        Mutant(
+            "module_encoder_window_dropped_with_grad",
+            "causal",
+            "declared_pattern",
+            " ".join((WindowedEncoderDecoder.__doc__ or "").split())
+            + " (the window holds under inference mode and is dropped with gradients on)",
+            lambda: WindowedEncoderDecoder(is_causal_hint=True),
+            lambda: WindowedEncoderDecoder(is_causal_hint=False),
+        ),
+        Mutant(
+            "scratch_backward_leak",
+            "causal",
+            "future_gradients",
+            " ".join((BackwardLeakDecoder.__doc__ or "").split()),
+            BackwardLeakDecoder,
+            ScratchDecoder,
+        ),
+        Mutant(
+            "hf_llama_mask_dropped_default_cache",
+            "padding",
+            "pad_ids",
+            " ".join((_llama_mask_dropped.__doc__ or "").split()),
+            _llama_mask_dropped,
+            lambda: _tiny_hf("llama", "sdpa"),
         ),
         Mutant(
             "hf_gemma_weights_as_llama",

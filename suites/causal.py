@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.engine.batching import Evaluation
 from ..harness.engine.cases import (
+    gradient_check,
+    gradient_outcome,
     pad_rows,
     pad_token,
     perturb,
@@ -131,6 +133,11 @@ class CausalSuite(Suite):
                 caps.takes_attention_mask,
             )
             checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), cases))
+            checks.append(
+                gradient_check(
+                    adapter, "future_gradients", lambda case: self.future_gradients(adapter, context, case), cases
+                )
+            )
         length = pattern_length(caps)
         strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
         checks.append(
@@ -159,7 +166,9 @@ class CausalSuite(Suite):
 
     # -- future_tokens ----------------------------------------------------------------------
 
-    def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Evaluation:
+    def future_batches(self, adapter: Adapter, case: FutureCase) -> tuple[Batch, Batch, torch.Tensor, torch.Tensor]:
+        """The case's rows and the rows with later ids changed, the protected positions
+        ``[B, T]`` (real, at or before the cut) and the real-token mask ``[B, T]``."""
         caps = adapter.capabilities
         pad = pad_token(adapter)
         real = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad)  # [B, length]
@@ -182,9 +191,28 @@ class CausalSuite(Suite):
         else:
             positions = positions_for(adapter, mask) if case.padding else None
             base, test = Batch(ids, row_mask, positions), Batch(perturbed, row_mask, positions)
+        return base, test, protected, mask
+
+    def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Evaluation:
+        base, test, protected, _ = self.future_batches(adapter, case)
         padded = f" in {case.side}-padded rows" if case.padding else ""
         what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut}{padded} changed logits at positions <= {case.cut}"
         return (yield from same_shape_outcome(adapter, context, base, test, protected, what))
+
+    # -- future_gradients --------------------------------------------------------------------
+
+    def future_gradients(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:
+        """The gradient of the log-probabilities at real positions <= t with respect to the token
+        embeddings after t (and at padded slots) must be zero: a kernel can be exact forward and
+        leak backward, and a training step runs both."""
+        base, _, protected, _ = self.future_batches(adapter, case)
+        hidden = ~protected  # every later position and every padded slot
+        padded = f" in {case.side}-padded rows" if case.padding else ""
+        what = (
+            f"the training backward{padded} carries gradient from the token embeddings after position {case.cut} "
+            f"into the log-probabilities at positions <= {case.cut}"
+        )
+        return gradient_outcome(adapter, context, base, protected, hidden, case.seed, what)
 
     # -- declared_pattern -------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import (
     RowBatches,
     aligned_outcome,
+    gradient_check,
+    gradient_outcome,
     left_padding_caveat,
     perturb,
     real_logits,
@@ -112,6 +114,7 @@ class PaddingSuite(Suite):
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),
             Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded),
+            gradient_check(adapter, "padded_gradients", lambda c: self.padded_gradients(batches, context, c), padded),
             # Its cases keep their forwards to themselves: it decides whether other checks may stack theirs.
             Check(
                 "batch_composition",
@@ -153,6 +156,15 @@ class PaddingSuite(Suite):
         perturbed = b.with_ids(base, perturb(ids, mask == 0, b.caps.vocab_size, case.seed))
         what = f"changing the ids at {case.side}-padded slots changed real logits"
         return (yield from same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what))
+
+    def padded_gradients(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
+        """The training backward: the gradient of the log-probabilities at real positions with
+        respect to the token embeddings at padded slots must be zero."""
+        length = max(case.lengths) + case.extra
+        batch = b.batch(b.rows(case.lengths, case.seed), length, case.side)
+        real = batch.predicted_mask.bool()
+        what = f"the training backward carries gradient from the token embeddings at {case.side}-padded slots into real positions"
+        return gradient_outcome(b.adapter, context, batch, real, ~real, case.seed, what)
 
     def padded_vs_unpadded(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Evaluation:
         rows = b.rows(case.lengths, case.seed)

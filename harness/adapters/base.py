@@ -8,6 +8,7 @@ token, 0 = padding (Hugging Face). Adapters translate for models that take PyTor
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import inspect
 from collections.abc import Iterator
@@ -16,6 +17,18 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from .paths import (
+    CANONICAL,
+    DEFAULT_CACHE,
+    OTHER_PATHS,
+    TRAINING,
+    CallPath,
+    PathAvailability,
+    trainable_copy,
+    training_forward,
+)
+from .paths import on_path as batch_on_path
 
 Family = Literal["encoder", "decoder", "encoder_decoder"]
 AttentionPattern = Literal["causal", "bidirectional", "sliding_window", "prefix_lm", "chunked"]
@@ -219,6 +232,8 @@ class Adapter(abc.ABC):
     replay_spec: str | None = None
     #: set by a bundle's replay when the weights differ from the ones it recorded
     replay_note: str | None = None
+    #: how this adapter calls its model (harness/adapters/paths.py); :meth:`on_path` gives the others
+    path: CallPath = CANONICAL
 
     def __init__(self, model: Any, capabilities: Capabilities) -> None:
         self.model = model
@@ -229,20 +244,32 @@ class Adapter(abc.ABC):
     # -- the protocol -----------------------------------------------------------------------
 
     def logits(self, batch: Batch) -> Tensor:
-        """Logits ``[B, T, V]`` over the predicted positions."""
+        """Logits ``[B, T, V]`` over the predicted positions, called on this adapter's :attr:`path`."""
         self._check_eval()
-        with torch.inference_mode():
-            out = self._logits(batch)
+        batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
+        if self.path.training:
+            with training_forward(self.model):
+                out = self._logits(trainable_copy(batch))
+                out = out.detach() if isinstance(out, Tensor) else out
+        else:
+            with torch.inference_mode():
+                out = self._logits(batch)
         ids = batch.predicted_ids
         return check_logits(out, ids.shape[0], ids.shape[1], self.capabilities.vocab_size)
 
     def loss(self, batch: Batch, labels: Tensor) -> Tensor:
-        """The model's own loss for unshifted ``labels [B, T]`` (-100 ignored)."""
+        """The model's own loss for unshifted ``labels [B, T]`` (-100 ignored), on :attr:`path`."""
         if not self.capabilities.has_loss:
             raise NotImplementedError(f"{self.spec} declares no loss")
         self._check_eval()
-        with torch.inference_mode():
-            out = self._loss(batch, labels)
+        batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
+        if self.path.training:
+            with training_forward(self.model):
+                out = self._loss(trainable_copy(batch), labels.clone())
+                out = out.detach() if isinstance(out, Tensor) else out
+        else:
+            with torch.inference_mode():
+                out = self._loss(batch, labels)
         if not isinstance(out, Tensor) or out.numel() != 1:
             raise AdapterError(
                 f"the model's loss is {type(out).__name__} {getattr(out, 'shape', '')}, expected a scalar"
@@ -323,6 +350,134 @@ class Adapter(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": type(self).__name__, "capabilities": self.capabilities.to_dict()}
+
+    # -- call paths ---------------------------------------------------------------------------
+
+    def embedding_module(self) -> Any:
+        """The module whose output is the token embeddings, for :meth:`input_gradients`: the one
+        a model names in ``maskcheck_embedding`` (an attribute path or the module), else its
+        first ``nn.Embedding``; None when there is none."""
+        if not isinstance(self.model, torch.nn.Module):
+            return None
+        declared = getattr(self.model, "maskcheck_embedding", None)
+        if isinstance(declared, str):
+            declared = self.model.get_submodule(declared)
+        if isinstance(declared, torch.nn.Module):
+            return declared
+        return next((m for m in self.model.modules() if isinstance(m, torch.nn.Embedding)), None)
+
+    def input_gradients(self, batch: Batch, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+        """The backward of a training step, measured: ``[B, T]`` float64, the norm at each
+        predicted-side position's token embedding of the gradient of ``sum over outputs
+        [B, T] (True: included) of log_softmax(logits) . u`` (``u [V]`` a random direction
+        from ``seed``), and the ``[B, T, V]`` logits. Run as :func:`training_forward` runs the
+        model. The embeddings are the output of :meth:`embedding_module`, replaced by a leaf
+        that records gradients; called more than once (an encoder-decoder's shared
+        embedding), the last call of the predicted side's shape is the one measured."""
+        embedding = self.embedding_module()
+        if embedding is None:
+            raise NotImplementedError(
+                "no token embedding to differentiate: the model has no nn.Embedding (name one in maskcheck_embedding)"
+            )
+        self._check_eval()
+        ids = batch.predicted_ids
+        captured: list[Tensor] = []
+
+        def keep(_module: Any, _inputs: Any, output: Any) -> Any:
+            if not isinstance(output, Tensor):
+                return output
+            leaf = output.detach().requires_grad_(True)
+            captured.append(leaf)
+            return leaf
+
+        handle = embedding.register_forward_hook(keep)
+        try:
+            with training_forward(self.model):
+                logits = check_logits(
+                    self._logits(trainable_copy(batch)), ids.shape[0], ids.shape[1], self.capabilities.vocab_size
+                )
+                leaves = [leaf for leaf in captured if tuple(leaf.shape[:2]) == tuple(ids.shape)]
+                if not leaves:
+                    raise AdapterError(
+                        f"the embedding module returned no [B, T, D] output for the {list(ids.shape)} ids it was given"
+                    )
+                direction = torch.randn(
+                    logits.shape[-1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+                ).to(logits.device)
+                # Indexed, not weighted: 0 x NaN at an excluded position (a fully masked row) is NaN.
+                selected = logits[outputs.to(device=logits.device, dtype=torch.bool).clone()].double()  # [N, V]
+                objective = (torch.log_softmax(selected, -1) @ direction).sum()
+                (gradient,) = torch.autograd.grad(objective, leaves[-1], allow_unused=True)
+        finally:
+            handle.remove()
+        if gradient is None:
+            return torch.zeros(ids.shape, dtype=torch.float64), logits.detach()
+        return gradient.detach().double().norm(dim=-1).cpu(), logits.detach()  # [B, T]
+
+    def on_path(self, path: CallPath) -> "Adapter":
+        """This adapter calling its model on ``path``: a shallow copy sharing the model, the
+        same object for the same path (so its forwards stack with each other, never with
+        another path's). Asked of a path's copy, it answers for the adapter it was made from."""
+        base = self.__dict__.get("_path_base")
+        if base is not None:
+            return base.on_path(path)
+        memo = self.__dict__.get("_path_adapters")
+        if memo is None or memo.get(self.path) is not self:  # none yet, or one copied from another adapter
+            memo = self.__dict__["_path_adapters"] = {self.path: self}
+        if path not in memo:
+            other = copy.copy(self)
+            other.path = path
+            other.__dict__["_path_base"] = self
+            memo[path] = other
+        return memo[path]
+
+    def paths(self) -> list[PathAvailability]:
+        """Every path besides the canonical one, each with why it cannot run here (None: it runs).
+        Measured once per adapter: the training path needs two equal train-mode forwards."""
+        known = self.__dict__.get("_availability")
+        if known is None:
+            known = self.__dict__["_availability"] = [PathAvailability(p, self._unavailable(p)) for p in OTHER_PATHS]
+        return known
+
+    def _unavailable(self, path: CallPath) -> str | None:
+        caps = self.capabilities
+        if path.bare and not (caps.takes_attention_mask or caps.takes_position_ids):
+            return "the model takes neither an attention mask nor position ids, so every call is already bare"
+        if path.mask_of_ones and not caps.takes_attention_mask:
+            return "the model takes no attention mask"
+        if path == DEFAULT_CACHE:
+            return self._default_cache_unavailable()
+        if path == TRAINING:
+            return self._training_unavailable()
+        return None
+
+    def _default_cache_unavailable(self) -> str | None:
+        """Why the default-cache path is no other path than the canonical one (adapters that
+        pass a cache setting on full forwards override this)."""
+        return "the canonical call already leaves the model's cache setting at its default"
+
+    def _training_unavailable(self) -> str | None:
+        """Why the training forward cannot be compared: no train mode, or two train-mode
+        forwards of one batch that differ (randomness outside ``nn.Dropout``)."""
+        if not isinstance(self.model, torch.nn.Module):
+            return "the model is not a torch.nn.Module, so it has no train mode"
+        ids = torch.arange(2 * 8, device=self.capabilities.device).reshape(2, 8) % self.capabilities.vocab_size
+        probe = Batch(ids)  # [2, 8], unpadded
+        if self.capabilities.family == "encoder_decoder":
+            probe = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(ids))
+        training = self.on_path(TRAINING)
+        try:
+            first, second = training.logits(probe), training.logits(probe)
+        except AdapterError as exc:
+            return f"the training forward failed: {exc}"
+        if not torch.equal(first, second):
+            differ = float((first.double() - second.double()).abs().max())
+            return (
+                f"two train-mode forwards of one batch differ by {differ:.3g} with every nn.Dropout at p=0: the "
+                "model draws randomness elsewhere (attention or router dropout, jitter noise), so its training "
+                "forward cannot be compared with itself"
+            )
+        return None
 
     # -- for subclasses ---------------------------------------------------------------------
 

@@ -526,9 +526,27 @@ class HFAdapter(Adapter):
             inputs["decoder_input_ids"] = batch.decoder_input_ids
             if batch.decoder_attention_mask is not None:
                 inputs["decoder_attention_mask"] = batch.decoder_attention_mask
-        if self.takes_use_cache and self.use_cache is not None:
+        if self.takes_use_cache and self.use_cache is not None and not self.path.default_cache:
             inputs["use_cache"] = self.use_cache
         return inputs
+
+    def embedding_module(self) -> Any:
+        """The input embeddings of the side whose logits are compared: the decoder's for a
+        seq2seq model (its embedding module may be the encoder's, shared, or its own)."""
+        owner = self.model
+        if self.task == "seq2seq" and callable(getattr(owner, "get_decoder", None)):
+            owner = owner.get_decoder()
+        embedding = owner.get_input_embeddings() if callable(getattr(owner, "get_input_embeddings", None)) else None
+        return embedding if isinstance(embedding, torch.nn.Module) else super().embedding_module()
+
+    def _default_cache_unavailable(self) -> str | None:
+        if not self.takes_use_cache:
+            return "the model's forward takes no use_cache"
+        if self.use_cache is None:
+            return "this call already leaves use_cache at the model's default"
+        if not getattr(self.model.config, "use_cache", False):
+            return "config.use_cache is False, so the default is the canonical call's use_cache=False"
+        return None
 
     def _call(self, **inputs: Any) -> Any:
         return call_model(self.model, **inputs)

@@ -13,6 +13,7 @@ One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*``
 | ``task`` | string | causal-lm, masked-lm or seq2seq (``hf:`` specs) |
 | ``profile`` | string | dev, ci or thorough |
 | ``examples`` | int | cases per check (replaces the profile's count) |
+| ``paths`` | list or comma string | call paths every check also runs on (default: all the model can take) |
 | ``seed`` | int | seed for case generation |
 | ``report`` | path | report directory (report.json, report.md, pictures, bundles) |
 | ``timeout`` | seconds | time limit per suite |
@@ -47,6 +48,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "task": str,
     "profile": str,
     "examples": int,
+    "paths": list,
     "seed": int,
     "report": str,
     "timeout": (int, float),
@@ -56,7 +58,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "disabled_conventions": list,  # ids of harness/audits/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
 }
-LIST_KEYS = ("models", "suites", "attn_implementation")
+LIST_KEYS = ("models", "suites", "attn_implementation", "paths")
 
 
 @dataclass(frozen=True)

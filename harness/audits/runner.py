@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
+from ..adapters.paths import CANONICAL, PATHS, TRAINING_BACKWARD, PathAvailability
 from ..adapters.specs import LoadOptions, adapter_for, load_adapter
-from ..engine.profiles import check_profile, examples_of
+from ..engine.profiles import check_profile, examples_of, path_examples_of
 from ..engine.registry import (
     UnknownSuiteError,
     batching_gate_suite,
@@ -28,7 +29,7 @@ from ..engine.registry import (
 )
 from ..engine.suite import Check, ProbeError, RunContext, run_check
 from ..engine.tolerance import measure_reference_error, tolerance_for
-from ..engine.verdict import FAILING, CheckResult, SuiteResult, worst
+from ..engine.verdict import FAILING, SEVERITY, CheckResult, SuiteResult, worst
 from ..report.reproduction import FailedCheck, write_bundle
 from .config import KnownFinding
 from .findings import apply_conventions, apply_known_findings
@@ -121,6 +122,7 @@ def audit(
     probes: Sequence[str] = (),
     progress: ProgressCallback | None = None,
     batch_cases: bool | None = None,
+    paths: Sequence[str] | None = None,
 ) -> AuditResult:
     """Audit ``model`` (a spec string, a model object or an adapter) with ``suites`` (default: all).
 
@@ -138,6 +140,9 @@ def audit(
     padding suite is in the run (it is one of its checks) or reuses this adapter's earlier
     gate in this process; ``True`` runs it in any case (the pytest plugin, whose items each
     audit one suite); ``False`` gives every case its own forwards.
+    ``paths``: the call paths (harness/adapters/paths.py) every check runs on besides the
+    canonical one, by name; None: every path the model can take, each with the profile's
+    share of cases (``engine.profiles.PATH_EXAMPLES``); ``()``: the canonical path only.
 
     Raises :class:`maskcheck.harness.adapters.specs.SpecError` when the model cannot be loaded and
     :class:`maskcheck.harness.engine.registry.UnknownSuiteError` for an unknown suite name.
@@ -156,6 +161,7 @@ def audit(
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
         profile=profile,
+        paths=other_paths(paths),
         report_dir=Path(report_dir) if report_dir is not None else None,
         bundle_dir=Path(bundle_dir)
         if bundle_dir is not None
@@ -165,6 +171,16 @@ def audit(
         adapter.spec, environment(adapter, seed, profile), adapter=adapter.describe(), pending=[n for n, _ in loaded]
     )
     result.environment["float32_reference_error"] = reference_error
+    context.path_examples = path_examples_of(profile, context.examples)
+    backward = None if adapter.embedding_module() is not None else "the model has no nn.Embedding to differentiate"
+    result.environment["paths"] = [
+        CANONICAL_AVAILABLE.to_dict(),
+        PathAvailability(TRAINING_BACKWARD, backward).to_dict(),
+    ] + [
+        available.to_dict()
+        for available in adapter.paths()
+        if context.paths is None or available.path.name in context.paths
+    ]
     decided: dict[tuple[str, str], tuple] = {}
     gate_suite = batching_gate_suite()
     gate_name = f"{gate_suite.name}/{gate_suite.batching_gate}" if gate_suite else ""
@@ -285,6 +301,19 @@ def batching_gate(
     )
 
 
+CANONICAL_AVAILABLE = PathAvailability(CANONICAL)
+
+
+def other_paths(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The call paths named besides the canonical one (None: all); an unknown name is a ValueError."""
+    if names is None:
+        return None
+    unknown = sorted(set(names) - set(PATHS))
+    if unknown:
+        raise ValueError(f"unknown call path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+    return tuple(name for name in names if name != CANONICAL.name)
+
+
 def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     started = time.perf_counter()
     result = SuiteResult(suite.name)
@@ -298,6 +327,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         result.checks.append(CheckResult("setup", "error", _describe(exc)))
         return result
     failures: list[FailedCheck] = []
+    paths = PathChecks(suite, adapter, context)
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
@@ -306,7 +336,9 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
                 CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check")
             )
         else:
-            result.checks.append(_run_one(check, context, result, failures, suite.name))
+            before = result.cases
+            checked = _run_one(check, context, result, failures, suite.name)
+            result.checks.append(paths.run(check, checked, result.cases - before, result, failures))
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
@@ -341,8 +373,78 @@ def _draw(suite: Any, adapter: Adapter, context: RunContext, failed: bool) -> st
         return None
 
 
+class PathChecks:
+    """A suite's checks on the call paths besides the canonical one (harness/adapters/paths.py).
+
+    Each path's checks are planned once, by the suite itself, on the adapter that calls the
+    model that way, and each check runs there with ``context.path_examples`` cases of its
+    own. A check's result is its canonical one while every path passes; a path that fails
+    (or warns, or errs, worse than the canonical result) gives the result, its message
+    naming the path. Every path appears in the result's ``paths``, one that cannot run with
+    its reason."""
+
+    def __init__(self, suite: Any, adapter: Adapter, context: RunContext) -> None:
+        self.suite, self.adapter = suite, adapter
+        self.context = replace(context, examples=context.path_examples, decided={}, drawn={})
+        self.enabled = bool(getattr(suite, "call_paths", False)) and context.path_examples > 0
+        self.available = (
+            [a for a in adapter.paths() if context.paths is None or a.path.name in context.paths]
+            if self.enabled
+            else []
+        )
+        self.planned: dict[str, dict[str, Check] | CheckResult] = {}
+
+    def checks_on(self, path: Any) -> dict[str, Check] | CheckResult:
+        if path.name not in self.planned:
+            try:
+                planned = self.suite.checks(self.adapter.on_path(path), self.context)
+                self.planned[path.name] = {c.name: c for c in planned if isinstance(c, Check)}
+            except Exception as exc:  # a path on which the suite cannot plan: said on every check
+                self.planned[path.name] = CheckResult("setup", "error", _describe(exc))
+        return self.planned[path.name]
+
+    def run(
+        self, check: Check, canonical: CheckResult, cases: int, result: SuiteResult, failures: list[FailedCheck]
+    ) -> CheckResult:
+        """``check``'s result over every path, given its ``canonical`` one (of ``cases`` cases)."""
+        if not self.enabled or not check.on_paths:
+            canonical.paths = [{"path": check.path, "status": canonical.status, "cases": cases}]
+            return canonical
+        canonical.paths = [{"path": CANONICAL.name, "status": canonical.status, "cases": cases}]
+        chosen = canonical
+        for available in self.available:
+            path = available.path
+            if available.reason is not None:
+                canonical.paths.append({"path": path.name, "status": "not_run", "reason": available.reason})
+                continue
+            planned = self.checks_on(path)
+            if isinstance(planned, CheckResult):
+                outcome, ran = CheckResult(check.name, "error", planned.message), 0
+            elif check.name not in planned:
+                canonical.paths.append(
+                    {"path": path.name, "status": "not_run", "reason": "the suite plans no such check on this path"}
+                )
+                continue
+            else:
+                before = result.cases
+                outcome = _run_one(planned[check.name], self.context, result, failures, self.suite.name, path.name)
+                ran = result.cases - before
+            canonical.paths.append({"path": path.name, "status": outcome.status, "cases": ran})
+            if SEVERITY[outcome.status] > SEVERITY[chosen.status]:
+                outcome.message = f"on the {path.name} path ({path.description}): {outcome.message}"
+                chosen = outcome
+        if chosen is not canonical:
+            chosen.paths = canonical.paths
+        return chosen
+
+
 def _run_one(
-    check: Check, context: RunContext, result: SuiteResult, failures: list[FailedCheck], suite: str = ""
+    check: Check,
+    context: RunContext,
+    result: SuiteResult,
+    failures: list[FailedCheck],
+    suite: str = "",
+    path: str = CANONICAL.name,
 ) -> CheckResult:
     try:
         check_result, cases, failure = context.decided.get((suite, check.name)) or run_check(check, context)
@@ -350,7 +452,7 @@ def _run_one(
         return CheckResult(check.name, "error", _describe(exc))
     result.cases += cases
     if failure is not None:
-        failures.append(FailedCheck(check.name, failure.case, failure.outcome))
+        failures.append(FailedCheck(check.name, failure.case, failure.outcome, path))
     return check_result
 
 

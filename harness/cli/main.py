@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)",
     )
     audit.add_argument(
+        "--paths",
+        metavar="PATHS",
+        help="call paths every check runs on besides its own canonical one, comma-separated: bare_call, "
+        "mask_of_ones, default_cache, training (default: every path the model can take; 'canonical' alone: none)",
+    )
+    audit.add_argument(
         "--timeout", type=float, metavar="SECONDS", help="time limit per suite; checks cut short report NOT RUN"
     )
     audit.add_argument(
@@ -388,6 +394,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                     bundle_dir=bundle_dir,
                     tolerance_overrides=config.get("tolerance"),
                     batch_cases=not args.one_case_per_forward,
+                    paths=_split(args.paths) if args.paths else config.get("paths"),
                 )
             except (SpecError, UnknownSuiteError, ValueError) as exc:
                 message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)

@@ -14,9 +14,11 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, Batch, Capabilities, concat, pad_token, positions_from_mask
+from ..adapters.paths import TRAINING_BACKWARD
 from .batching import Evaluation, Logits
-from .suite import Outcome, RunContext
+from .suite import Check, Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
+from .verdict import CheckResult
 
 
 def random_ids(
@@ -175,6 +177,49 @@ def nonfinite_floor(floor: float, threshold: float, what: str) -> Outcome:
         f"(while checking: {what})"
     )
     return Outcome("fail", float("inf"), floor, threshold, [], message)
+
+
+def gradient_check(adapter: Adapter, name: str, evaluate: Callable[[Any], Outcome], cases: Any) -> Any:
+    """A backward leak check (:func:`gradient_outcome`), or its ``not_applicable`` result for a
+    model without a token embedding to differentiate. It runs once, on the training forward
+    it differentiates: the call paths do not apply to it."""
+    if adapter.embedding_module() is None:
+        reason = "the model has no nn.Embedding whose output can be differentiated (name one in maskcheck_embedding)"
+        return CheckResult(name, "not_applicable", reason)
+    return Check(name, evaluate, cases, on_paths=False, path=TRAINING_BACKWARD.name)
+
+
+def gradient_outcome(
+    adapter: Adapter, context: RunContext, batch: Batch, outputs: Tensor, hidden: Tensor, seed: int, what: str
+) -> Outcome:
+    """The backward leak test: the gradient of the log-probabilities at ``outputs [B, T]``
+    with respect to the token embeddings at ``hidden [B, T]`` (positions those outputs must
+    not see) must be zero under the same-shape rule at floor 0. A masked contribution is an
+    exact zero in the backward pass as in the forward one, so the threshold is only the
+    arithmetic term, ``same_shape_ulps * eps * scale``, with ``scale`` the largest gradient
+    at a position the outputs may see."""
+    gradients, _ = adapter.input_gradients(batch, outputs, seed)  # [B, T]
+    hidden, visible = hidden.cpu().bool(), (~hidden.cpu().bool())
+    if not bool(torch.isfinite(gradients).all()):
+        cells = (~torch.isfinite(gradients)).nonzero().tolist()
+        return Outcome(
+            "fail", float("inf"), 0.0, 0.0, cells[:8],
+            f"the gradient at the token embeddings is NaN/inf at [row, position] {cells[:8]}: a training step on this "
+            f"batch gets NaN/inf gradients (often a fully masked query row whose NaN the backward carries into real "
+            f"positions), so nothing could be compared (while checking: {what})",
+        )  # fmt: skip
+    scale = float(gradients[visible].max()) if visible.any() else 0.0
+    threshold = context.tolerance.same_shape(0.0, context.dtype, scale)
+    leaked = gradients.masked_fill(~hidden, 0.0)  # [B, T]
+    measured = float(leaked.max()) if hidden.any() else 0.0
+    if measured <= threshold:
+        return Outcome("pass", measured, 0.0, threshold)
+    positions = (leaked > threshold).nonzero().tolist()
+    message = (
+        f"{what}: gradient norm {measured:.3g} > threshold {threshold:.3g} (largest at a visible position "
+        f"{scale:.3g}; noise floor 0) at [row, position] {positions[:8]}"
+    )
+    return Outcome("fail", measured, 0.0, threshold, positions, message)
 
 
 def real_logits(logits: Tensor, mask: Tensor, row: int) -> Tensor:

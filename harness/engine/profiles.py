@@ -72,6 +72,17 @@ def examples_of(profile: str) -> int:
     return profile_settings(profile).max_examples
 
 
+#: Cases a check draws on each call path besides the canonical one (harness/adapters/paths.py):
+#: ``dev`` and ``ci`` sample every path with a few, ``thorough`` gives each path its full count.
+PATH_EXAMPLES = {"dev": 2, "ci": 3, "thorough": None}
+
+
+def path_examples_of(profile: str, examples: int) -> int:
+    """Cases per check on each other call path, for a profile whose checks draw ``examples``."""
+    share = PATH_EXAMPLES.get(profile)
+    return examples if share is None else min(share, examples)
+
+
 for _name, _settings in PROFILES.items():
     settings.register_profile(hypothesis_name(_name), settings(_settings, **COMMON))
 

@@ -48,6 +48,10 @@ class RunContext:
     batch_cases: bool = False
     # (suite, check) -> run_check's answer, for a check run before its suite (the batching gate)
     decided: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    # The call paths checks also run on besides the canonical one (harness/adapters/paths.py),
+    # by name; None: every path the model can take. Each runs ``path_examples`` cases a check.
+    paths: tuple[str, ...] | None = None
+    path_examples: int = 3
     # Hypothesis's examples per strategy object, kept from a check that passed, for the
     # next check given the same strategy (see Check).
     drawn: dict[tuple[int, int, int], "DrawnCases"] = field(default_factory=dict)
@@ -115,6 +119,10 @@ class Check:
     # False for a check whose cases must each have their forwards to themselves (the one
     # that measures whether rows of a batch read each other).
     batchable: bool = True
+    # False for a check the call path cannot change (it reads attention weights through
+    # hooks, makes no model call, or fixes its own path): it runs once, on ``path``.
+    on_paths: bool = True
+    path: str = "canonical"  # the path it runs on when ``on_paths`` is False (harness/adapters/paths.py)
 
     def outcome(self, case: Any) -> Outcome:
         """The outcome of one case, each forward it asks for run on its own."""
@@ -174,6 +182,9 @@ class Suite(abc.ABC):
     #: the check that measures whether rows of one batch read each other; it runs first,
     #: alone, and cases of every check share forwards only when it passed (harness/engine/batching.py)
     batching_gate: ClassVar[str | None] = None
+    #: whether its checks run on every call path too (harness/adapters/paths.py), besides
+    #: the canonical one; False for a suite whose answer the path cannot change
+    call_paths: ClassVar[bool] = True
 
     @abc.abstractmethod
     def not_applicable(self, capabilities: Capabilities) -> str | None:

@@ -31,6 +31,9 @@ class CheckResult:
     positions_label: str = "row, position"  # "output, input" for an influence pattern
     table: list[dict[str, Any]] = field(default_factory=list)  # rows the report shows as a table
     caveat: str | None = None  # the explanation the message ends with, by name (harness/engine/cases.py: CAVEATS)
+    # The call paths it ran on (harness/adapters/paths.py), canonical first: each
+    # {"path", "status", "cases"} or {"path", "status": "not_run", "reason"} for one that cannot run.
+    paths: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -243,6 +243,7 @@ def run_options(config: pytest.Config) -> Any:
             disabled_conventions=tool.get("disabled_conventions", ()),
             tolerance=tool.get("tolerance"),
             threads=setting(config, "threads"),
+            paths=tool.get("paths"),
         )
         config.stash[_OPTIONS_KEY] = cached
     return cached

@@ -65,6 +65,7 @@ class RunOptions:
     disabled_conventions: Sequence[str] = ()
     tolerance: dict[str, Any] | None = None
     threads: str | int = "auto"  # torch threads in this process (maskcheck.harness.plugin.threads)
+    paths: Sequence[str] | None = None  # call paths besides the canonical one (None: every path)
 
 
 #: this pytest run's id, set by the plugin (workers get the controller's): results of other runs are never merged
@@ -130,6 +131,7 @@ def run_suite_test(
         report_dir=report_dir,
         bundle_dir=report_dir or Path("maskcheck-report") / slug,
         batch_cases=True if with_padding else None,
+        paths=options.paths,
     )
     suite_result = result.suites[0]
     if report_dir is not None:

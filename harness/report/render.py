@@ -33,6 +33,28 @@ def diff_text(check: Any) -> str:
     return f"{check.max_diff:.3g} / {check.threshold:.3g}"
 
 
+def paths_text(check: Any) -> str:
+    """The call paths a check ran on, one word each: ``canonical PASS 9, training FAIL 3, default_cache n/a``."""
+    words = []
+    for run in getattr(check, "paths", None) or []:
+        if run.get("reason"):
+            words.append(f"{run['path']} n/a")
+        else:
+            words.append(f"{run['path']} {STATUS_MARK[run['status']]} {run.get('cases') or 0}")
+    return ", ".join(words)
+
+
+def path_lines(environment: dict[str, Any]) -> list[str]:
+    """The call paths of an audit: the ones that ran, then each that could not with its reason."""
+    paths = environment.get("paths") or []
+    if not paths:
+        return []
+    ran = [p["path"] for p in paths if not p.get("unavailable")]
+    lines = [f"  call paths: {', '.join(ran)}"]
+    lines += [f"  call path {p['path']} not run: {p['unavailable']}" for p in paths if p.get("unavailable")]
+    return lines
+
+
 def render_table(result: Any, title: str, seconds: float, verbose: bool = False) -> str:
     """The verdict table: suite, status, cases, worst diff vs threshold, one-line reason."""
     width = None if verbose else 110  # -v shows whole reasons: the advice is at their end
@@ -52,10 +74,13 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
         if verbose:
             for c in suite.checks:
                 rows.append((f"  {c.name}", STATUS_MARK[c.status], "", diff_text(c), one_line(c.message, width)))
+                if getattr(c, "paths", None):
+                    rows.append(("", "", "", "", f"paths: {paths_text(c)}"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"maskcheck audit of {title}"]
     for r in rows:
         lines.append(("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4]).rstrip())
+    lines += path_lines(result.environment)
     failing = [(s.name, c) for s in result.suites for c in s.checks if c.status in ("fail", "error")]
     for suite_name, c in failing:  # every one: a failure the table names but never explains helps nobody
         lines.append(f"  {suite_name}/{c.name}: {one_line(c.message, None if verbose else 200)}")
@@ -111,8 +136,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "| environment | |",
         "|---|---|",
-        *[f"| {key} | {value} |" for key, value in report["environment"].items()],
+        *[f"| {key} | {value} |" for key, value in report["environment"].items() if key != "paths"],
         "",
+        *path_matrix(report),
         "| suite | status | cases | worst diff / threshold | reason |",
         "|---|---|---|---|---|",
     ]
@@ -167,6 +193,38 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "",
             ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def path_matrix(report: dict[str, Any]) -> list[str]:
+    """The path matrix of a JSON report: a row per check, a column per call path, each cell
+    the status and cases run there (``n/a`` where the path cannot run, with the reasons below)."""
+    paths = report["environment"].get("paths") or []
+    if not paths:
+        return []
+    names = [p["path"] for p in paths]
+    lines = ["## Call paths", "", "| check | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for suite in report["suites"]:
+        for check in suite["checks"]:
+            runs = {run["path"]: run for run in check.get("paths") or []}
+            if not runs:
+                continue
+            cells = []
+            for name in names + [n for n in runs if n not in names]:
+                run = runs.get(name)
+                if run is None:
+                    cells.append("")
+                elif run.get("reason"):
+                    cells.append("n/a")
+                else:
+                    cells.append(f"{STATUS_MARK[run['status']]} ({run.get('cases') or 0})")
+            lines.append(f"| {suite['name']}/{check['name']} | " + " | ".join(cells[: len(names)]) + " |")
+            extra = [f"{n}: {cells[len(names) + i]}" for i, n in enumerate(n for n in runs if n not in names)]
+            if extra:
+                lines[-1] += " " + "; ".join(extra)
+    lines.append("")
+    lines += [f"- **{p['path']}**: {p['description']}" + (f" — not run: {p['unavailable']}" if p.get("unavailable") else "")
+              for p in paths]  # fmt: skip
+    return lines + [""]
 
 
 class _Check:

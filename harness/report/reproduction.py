@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters.base import Adapter, Batch
+from ..adapters.paths import CANONICAL, PATHS
 from ..engine.suite import Outcome, RunContext
 from ..engine.tolerance import Tolerance
 
@@ -91,6 +92,9 @@ class RecordingAdapter:
     def layer_attention_masks(self, input_ids: Any) -> Any:
         self._keep("layers", None, input_ids=input_ids)
         return self._adapter.layer_attention_masks(input_ids)
+
+    def on_path(self, path: Any) -> "RecordingAdapter":
+        return RecordingAdapter(self._adapter.on_path(path), self.tensors)
 
 
 # -- identifying the model --------------------------------------------------------------------
@@ -199,6 +203,7 @@ class FailedCheck:
     check: str
     case: Any
     outcome: Outcome
+    path: str = "canonical"  # the call path it failed on (harness/adapters/paths.py)
 
 
 def write_bundle(
@@ -208,15 +213,20 @@ def write_bundle(
     from safetensors.torch import save_file
 
     recorder = RecordingAdapter(adapter)
-    checks = {c.name: c for c in suite.checks(recorder, context) if hasattr(c, "evaluate")}
+    planned: dict[str, dict[str, Any]] = {}
     records = []
     for failure in failures:
         before = set(recorder.tensors)
+        if failure.path not in planned:
+            on_path = recorder.on_path(PATHS[failure.path])
+            planned[failure.path] = {c.name: c for c in suite.checks(on_path, context) if hasattr(c, "evaluate")}
+        checks = planned[failure.path]
         if failure.check in checks:
             checks[failure.check].outcome(failure.case)
         records.append(
             {
                 "check": failure.check,
+                "path": failure.path,
                 "case": case_record(failure.case),
                 "outcome": {
                     k: getattr(failure.outcome, k)
@@ -451,7 +461,12 @@ def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) 
         return ReplayResult(
             data["suite"], record["check"], "not_applicable", reason, recorded_message, adapter.spec, note
         )
-    checks = {c.name: c for c in suite.checks(adapter, context) if hasattr(c, "evaluate")}
+    path = record.get("path", CANONICAL.name)
+    if path not in PATHS:
+        raise BundleError(
+            f"the bundle's check {record['check']} ran on call path {path!r}, which this maskcheck does not know"
+        )
+    checks = {c.name: c for c in suite.checks(adapter.on_path(PATHS[path]), context) if hasattr(c, "evaluate")}
     if record["check"] not in checks:
         raise BundleError(f"suite {data['suite']} has no check {record['check']!r} for {adapter.spec}")
     outcome = checks[record["check"]].outcome(case)
