@@ -62,6 +62,7 @@ class NormCheckpointSuite(Suite):
     summary = "a checkpoint runs under the norm layout and position scheme it was trained with"
     order = 70
     kind = "state"
+    call_paths = False  # the layout a checkpoint fits is the same on every call path
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         return None  # decided per evidence in checks(): a checkpoint's load evidence needs no layout

@@ -182,6 +182,7 @@ def test_a_model_whose_rows_read_each_other_gets_one_case_per_forward() -> None:
     assert check.status == "fail" and "row 0 changed when the other rows changed" in check.message
 
 
+@pytest.mark.slow  # 51 audits in one process (minutes): run by `make test-slow`, not by CI's 20-minute run
 def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batching() -> None:
     """tests/data/verdicts.json was recorded by the engine before cases shared forwards
     (one case per forward, every copy run): statuses, the shrunk case of every failure, the

@@ -414,8 +414,12 @@ class PathChecks:
         chosen = canonical
         for available in self.available:
             path = available.path
-            if available.reason is not None:
-                canonical.paths.append({"path": path.name, "status": "not_run", "reason": available.reason})
+            reason = available.reason
+            if reason is None and canonical.status in ("fail", "error", "not_run"):
+                # No path can make the check's result worse; the canonical failure is the one to fix first.
+                reason = f"the canonical path already gave {canonical.status}"
+            if reason is not None:
+                canonical.paths.append({"path": path.name, "status": "not_run", "reason": reason})
                 continue
             planned = self.checks_on(path)
             if isinstance(planned, CheckResult):
