@@ -20,7 +20,7 @@ from torch import Tensor
 from .config import ModelConfig
 from .masks import build_attention_mask
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
-from .path_bugs import BackwardLeakDecoder, WindowedEncoderDecoder, WindowedMHADecoder
+from .path_bugs import BackwardLeakDecoder, FaintNextToken, WindowedEncoderDecoder, WindowedMHADecoder, bfloat16
 from .plain import StepReadsPadding, plain_decoder
 from .scratch import ScratchDecoder, StepPositionOffByOne, scratch_with_loss
 
@@ -63,6 +63,21 @@ class SeesNextToken(Stack):
             k_segments=segments,
             batch=batch,
         )
+
+
+LONG_FROM = 40  # the first position at which LeaksPastLength's mask is wrong
+
+
+class LeaksPastLength(Stack):
+    """A causal mask that is right up to position 39 and lets every later position read the
+    next token: a mask built for a shorter context than the model declares."""
+
+    def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        reach = q_index + (q_index >= LONG_FROM).to(q_index.dtype)  # [.., Tq]: one key further past the length
+        return build_attention_mask(
+            q_index=reach, k_index=k_index, causal=True, key_real=real, q_segments=segments, k_segments=segments,
+            batch=batch,
+        )  # fmt: skip
 
 
 class LastLayerBidirectional(Stack):
@@ -166,6 +181,22 @@ class LossOverAllPositions(Transformer):
             logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
         )
         return total / labels.numel()
+
+
+class LossCountedBeforeShift(Transformer):
+    """Divides the shifted targets' loss by the valid labels counted before the shift: one
+    target too many per row whose first label is valid (labels = input_ids, as collators build them)."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        count = (labels != IGNORE_INDEX).sum()
+        logits, shifted = logits[:, :-1], labels[:, 1:]
+        total = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            shifted.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        return total / count
 
 
 class LossCountsIgnored(Transformer):
@@ -482,6 +513,7 @@ MUTANTS: dict[str, Mutant] = {
     for m in [
         _ref("causal_sees_next_token", "causal", "future_tokens", DECODER, decoder=SeesNextToken),
         _ref("causal_last_layer_bidirectional", "causal", "future_tokens", DECODER, decoder=LastLayerBidirectional),
+        _ref("causal_leaks_past_length", "causal", "future_tokens", DECODER, decoder=LeaksPastLength),
         _ref(
             "causal_window_ignored",
             "causal",
@@ -537,6 +569,7 @@ MUTANTS: dict[str, Mutant] = {
         _ref("cross_attention_inverted", "cross_attention", "source_pad_ids", ENCODER_DECODER, model=CrossInverted),
         _ref("loss_without_shift", "loss_masking", "reference_loss", DECODER, model=LossWithoutShift),
         _ref("loss_over_all_positions", "loss_masking", "reference_loss", DECODER, model=LossOverAllPositions),
+        _ref("loss_counted_before_shift", "loss_masking", "reference_loss", DECODER, model=LossCountedBeforeShift),
         _ref("loss_counts_ignored", "loss_masking", "reference_loss", DECODER, model=LossCountsIgnored),
         _ref("packing_segments_ignored", "packing", "segment_isolation", DECODER, decoder=SegmentsIgnored),
         _ref(
@@ -641,6 +674,14 @@ MUTANTS: dict[str, Mutant] = {
             " ".join((_llama_mask_dropped.__doc__ or "").split()),
             _llama_mask_dropped,
             lambda: _tiny_hf("llama", "sdpa"),
+        ),
+        Mutant(
+            "bf16_faint_next_token",
+            "causal",
+            "future_tokens",
+            " ".join((FaintNextToken.__doc__ or "").split()) + " (the model in bfloat16)",
+            lambda: bfloat16(FaintNextToken()),
+            lambda: bfloat16(ScratchDecoder()),
         ),
         Mutant(
             "hf_gemma_weights_as_llama",

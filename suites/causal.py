@@ -13,6 +13,7 @@ Checks
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,8 @@ from ..harness.engine.cases import (
     same_shape_outcome,
 )
 from ..harness.engine.influence import expected_pattern, measure_influence
-from ..harness.engine.strategies import case_strategy
+from ..harness.engine.profiles import length_cap
+from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 16
@@ -56,8 +58,12 @@ class PatternCase:
     seed: int
 
 
-# Built once: building st.integers(...) inside a draw costs a cache lookup per case.
-_ZERO_TO = [st.integers(0, n) for n in range(MAX_LENGTH + 1)]
+@functools.cache
+def _zero_to(n: int) -> st.SearchStrategy[int]:
+    """``st.integers(0, n)``, built once per n: building it inside a draw costs a cache lookup per case."""
+    return st.integers(0, n)
+
+
 _BATCHES, _BOOLEANS, _SEEDS = st.integers(1, 3), st.booleans(), st.integers(0, 2**16)
 _SIDES = st.sampled_from(["right", "left"])
 
@@ -70,13 +76,13 @@ def _future_case(
     paddings: st.SearchStrategy[int],
 ) -> FutureCase:
     length = draw(lengths)
-    cut = draw(_ZERO_TO[length - 2])
+    cut = draw(_zero_to(length - 2))
     return FutureCase(
         batch=draw(_BATCHES),
         length=length,
         cut=cut,
         suffix=draw(_BOOLEANS),
-        offset=draw(_ZERO_TO[length - cut - 2]),
+        offset=draw(_zero_to(length - cut - 2)),
         source_length=draw(source_lengths),
         padding=draw(paddings),
         side=draw(_SIDES),
@@ -84,12 +90,15 @@ def _future_case(
     )
 
 
-def future_cases(max_length: int, encoder_decoder: bool, takes_mask: bool) -> st.SearchStrategy[FutureCase]:
+def future_cases(
+    max_length: int, encoder_decoder: bool, takes_mask: bool, longest: int | None = None
+) -> st.SearchStrategy[FutureCase]:
     """Only encoder-decoders draw a source length (the others keep the minimal 1); only
-    models that take a mask draw padded rows (the rest keep 0 pad slots)."""
+    models that take a mask draw padded rows (the rest keep 0 pad slots). Rows are up to
+    ``max_length`` tokens, or up to ``longest`` in about half the cases."""
     source_lengths = st.integers(1, max_length) if encoder_decoder else st.just(1)
     paddings = st.integers(0, 3) if takes_mask else st.just(0)
-    return _future_case(st.integers(2, max_length), source_lengths, paddings)
+    return _future_case(short_or_long(2, max_length, longest or max_length), source_lengths, paddings)
 
 
 def model_length(capabilities: Capabilities, cap: int) -> int:
@@ -127,10 +136,13 @@ class CausalSuite(Suite):
         checks: list = []
         if caps.family != "encoder":
             length = model_length(caps, MAX_LENGTH)
+            room = 3 if caps.takes_attention_mask and length > 5 else 0  # for the padded slots
+            longest = length_cap(context.profile, caps.max_length)
             cases = future_cases(
-                length - (3 if caps.takes_attention_mask and length > 5 else 0),
+                length - room,
                 caps.family == "encoder_decoder",
                 caps.takes_attention_mask,
+                max(length, longest) - room,
             )
             checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), cases))
             checks.append(

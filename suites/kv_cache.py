@@ -57,7 +57,8 @@ from ..harness.engine.cases import (
     shape_change_outcome,
     with_floor,
 )
-from ..harness.engine.strategies import case_strategy
+from ..harness.engine.profiles import length_cap
+from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 MAX_CHUNK = 4
@@ -80,11 +81,17 @@ class GenerationCase:
     seed: int
 
 
-def longest_prompt(capabilities: Capabilities) -> int:
-    """Long enough to outgrow a sliding window, short enough for the model's positions."""
+def longest_prompt(capabilities: Capabilities, profile: str = "dev") -> tuple[int, int]:
+    """A short prompt's longest (long enough to outgrow a sliding window) and a long one's
+    (the profile's cache cap less the chunks decoded after it), within the model's positions."""
     longest = 8 if not capabilities.window else max(8, capabilities.window + 2)
-    room = (capabilities.max_length or 64) - MAX_CHUNK * MAX_CHUNKS
-    return max(1, min(longest, room))
+    room = length_cap(profile, capabilities.max_length or 64, cached=True) - MAX_CHUNK * MAX_CHUNKS
+    short = max(1, min(longest, room))
+    return short, max(short, room)
+
+
+def prompt_lengths(capabilities: Capabilities, profile: str) -> st.SearchStrategy[int]:
+    return short_or_long(1, *longest_prompt(capabilities, profile))
 
 
 def source_paddings(capabilities: Capabilities) -> st.SearchStrategy[int]:
@@ -92,20 +99,20 @@ def source_paddings(capabilities: Capabilities) -> st.SearchStrategy[int]:
     return st.integers(0, 3) if capabilities.family == "encoder_decoder" else st.just(0)
 
 
-def cache_cases(capabilities: Capabilities) -> st.SearchStrategy[CacheCase]:
+def cache_cases(capabilities: Capabilities, profile: str = "dev") -> st.SearchStrategy[CacheCase]:
     return case_strategy(
         CacheCase,
-        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=1, max_size=3),
+        prompt_lengths=st.lists(prompt_lengths(capabilities, profile), min_size=1, max_size=3),
         chunks=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=MAX_CHUNKS),
         source_padding=source_paddings(capabilities),
         seed=st.integers(0, 2**16),
     )
 
 
-def generation_cases(capabilities: Capabilities) -> st.SearchStrategy[GenerationCase]:
+def generation_cases(capabilities: Capabilities, profile: str = "dev") -> st.SearchStrategy[GenerationCase]:
     return case_strategy(
         GenerationCase,
-        prompt_lengths=st.lists(st.integers(1, longest_prompt(capabilities)), min_size=2, max_size=3),
+        prompt_lengths=st.lists(prompt_lengths(capabilities, profile), min_size=2, max_size=3),
         new_tokens=st.integers(1, MAX_CHUNK * MAX_CHUNKS),
         source_padding=source_paddings(capabilities),
         seed=st.integers(0, 2**16),
@@ -198,12 +205,18 @@ class KVCacheSuite(Suite):
                 CheckResult("incremental", "not_applicable", reason),
                 CheckResult("greedy_generation", "not_applicable", reason),
                 Check(
-                    "generate_use_cache", lambda c: self.generate_use_cache(batches, context, c), generation_cases(caps)
+                    "generate_use_cache",
+                    lambda c: self.generate_use_cache(batches, context, c),
+                    generation_cases(caps, context.profile),
                 ),
             ]
         return [
-            Check("incremental", lambda c: self.incremental(batches, context, c), cache_cases(caps)),
-            Check("greedy_generation", lambda c: self.greedy_generation(batches, context, c), generation_cases(caps)),
+            Check("incremental", lambda c: self.incremental(batches, context, c), cache_cases(caps, context.profile)),
+            Check(
+                "greedy_generation",
+                lambda c: self.greedy_generation(batches, context, c),
+                generation_cases(caps, context.profile),
+            ),
         ]
 
     def incremental(self, b: CacheBatches, context: RunContext, case: CacheCase) -> Evaluation:

@@ -43,7 +43,8 @@ from ..harness.engine.cases import (
     same_shape_outcome,
     with_floor,
 )
-from ..harness.engine.strategies import case_strategy
+from ..harness.engine.profiles import length_cap
+from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_SEGMENT = 6
@@ -57,11 +58,14 @@ class PackedCase:
     seed: int
 
 
-def packed_cases(capabilities: Capabilities) -> st.SearchStrategy[PackedCase]:
-    longest = max(1, min(MAX_SEGMENT, ((capabilities.max_length or 64) - 2) // 3))
+def packed_cases(capabilities: Capabilities, profile: str = "dev") -> st.SearchStrategy[PackedCase]:
+    """Two or three packed sequences of up to MAX_SEGMENT tokens, or (in about half the
+    draws) up to a third of the profile's length cap, within the model's context."""
+    room = length_cap(profile, capabilities.max_length or 64) - 2  # the padded slots
+    longest = max(1, min(MAX_SEGMENT, room // 3))
     return case_strategy(
         PackedCase,
-        segment_lengths=st.lists(st.integers(1, longest), min_size=2, max_size=3),
+        segment_lengths=st.lists(short_or_long(1, longest, max(longest, room // 3)), min_size=2, max_size=3),
         changed=st.integers(0, 2),
         padding=st.integers(0, 2) if capabilities.packing == "segment_ids" else st.just(0),
         seed=st.integers(0, 2**16),
@@ -210,7 +214,7 @@ class PackingSuite(Suite):
         return None
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
-        strategy = packed_cases(adapter.capabilities)
+        strategy = packed_cases(adapter.capabilities, context.profile)
         if adapter.capabilities.packing is None:
             # People pack such models anyway (flattening collators): measure what it does.
             return [Check("no_packing_input", lambda c: unisolated(adapter, context, c), strategy)]

@@ -41,7 +41,8 @@ from ..harness.engine.cases import (
     without_positional_caveats_if,
 )
 from ..harness.engine.influence import expected_pattern, measure_influence
-from ..harness.engine.strategies import case_strategy
+from ..harness.engine.profiles import length_cap
+from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
@@ -64,10 +65,11 @@ class CompositionCase:
     seed: int
 
 
-def padded_cases(max_length: int, min_extra: int = 1) -> st.SearchStrategy[PaddedCase]:
+def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None) -> st.SearchStrategy[PaddedCase]:
+    """Up to three rows of up to ``max_length`` real tokens, or up to ``longest`` in about half the draws."""
     return case_strategy(
         PaddedCase,
-        lengths=st.lists(st.integers(1, max_length), min_size=1, max_size=3),
+        lengths=st.lists(short_or_long(1, max_length, longest or max_length), min_size=1, max_size=3),
         extra=st.integers(min_extra, 4),
         side=st.sampled_from(["right", "left"]),
         seed=st.integers(0, 2**16),
@@ -109,7 +111,8 @@ class PaddingSuite(Suite):
         caps = adapter.capabilities
         longest = max(2, min(MAX_LENGTH, (caps.max_length or MAX_LENGTH) - 4))
         batches = RowBatches(adapter)
-        padded = padded_cases(longest)  # one strategy object: these checks share its draws
+        long_rows = max(longest, length_cap(context.profile, caps.max_length) - 4)  # room for the padding
+        padded = padded_cases(longest, longest=long_rows)  # one strategy object: these checks share its draws
         checks = [
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),

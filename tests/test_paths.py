@@ -2,8 +2,11 @@
 the training forward) and the backward of the training forward is audited.
 
 Each seeded bug here is exact on the canonical path, the only one every check ran on
-before call paths existed (commit a5251a5): ``paths=("canonical",)`` is that audit, and
-these tests show it passes each bug, and that the path named fails it.
+before call paths existed: ``paths=("canonical",)`` is that audit, and these tests show
+it passes each bug, and that the path named fails it. Audited by that commit itself
+(a5251a5, ``dev`` and ``ci``), each was missed: ``causal`` passed the MHA decoder with the
+``is_causal`` hint, the encoder-layer decoder and the backward leak; ``padding`` passed
+the Llama that drops its mask (only ``kv_cache`` failed it, blaming the cache).
 """
 
 from __future__ import annotations

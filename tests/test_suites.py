@@ -9,8 +9,10 @@ from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
-from maskcheck.reference_models.mutants import MUTANTS
+from maskcheck.reference_models.mutants import LONG_FROM, MUTANTS
 
+#: the fewest tokens that show a seeded bug, where more than four: its mask is wrong only past position 39
+MINIMAL_TOKENS = {"causal_leaks_past_length": LONG_FROM + 2}
 MASK_SUITES = suite_names(lambda suite: suite.kind == "mask")  # causal, padding, cross_attention, loss_masking
 NEVER_FAILING = {"pass", "warn", "not_applicable"}
 
@@ -29,8 +31,10 @@ def test_clean_reference_models_pass_every_mask_suite(preset: str) -> None:
     result = audit(f"ref:{preset}", MASK_SUITES)
     assert not failures(result), failures(result)
     assert result.suite("causal").status == "pass"
-    # Reference models derive positions from the mask, so nothing should even warn.
-    assert {s.status for s in result.suites} <= {"pass", "not_applicable"}
+    # Reference models derive positions from the mask, so nothing warns but the behaviour of
+    # collator-built labels under left padding (loss_masking/left_padded_first_target).
+    warned = {f"{s.name}/{c.name}" for s in result.suites for c in s.checks if c.status == "warn"}
+    assert warned <= {"loss_masking/left_padded_first_target"}, warned
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -91,7 +95,7 @@ def test_failures_shrink_to_a_minimal_case(name: str) -> None:
         rows = case.get("batch", len(case.get("lengths", case.get("source_lengths", ()))))
         tokens = case.get("length") or max(case.get("lengths", case.get("source_lengths", (0,)))) + case.get("extra", 0)
     assert rows == 1, case
-    assert tokens <= 4, case
+    assert tokens <= MINIMAL_TOKENS.get(name, 4), case
 
 
 def test_failure_message_prints_measured_floor_and_threshold() -> None:

@@ -135,6 +135,10 @@ class ModuleAdapter(Adapter):
         self.cache_shape = self._cache_shape(model, capabilities, keywords)
         if self.mask_keyword is None and capabilities.takes_attention_mask:
             capabilities = replace(capabilities, takes_attention_mask=False)
+        measured_dtype = _parameter_dtype(model)
+        if measured_dtype is not None and measured_dtype != capabilities.dtype:
+            # what the weights compute in, not a default: thresholds follow the dtype
+            capabilities = replace(capabilities, dtype=measured_dtype)
         super().__init__(model, capabilities)
         self.loss_fn = loss_fn
         self.spec = spec
@@ -309,6 +313,14 @@ class ModuleAdapter(Adapter):
         logits = self._call(tokens, {MODULE_CACHE_POSITIONS: positions})
         self._live = ModuleStateCache(torch.cat([state.tokens, tokens], dim=1))  # [B, T + n]
         return logits, self._live
+
+
+def _parameter_dtype(model: Any) -> str | None:
+    """The dtype of a module's first floating-point parameter ("bfloat16" ...), None without one."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    parameter = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return None if parameter is None else str(parameter.dtype).removeprefix("torch.")
 
 
 def _close(a: Any, b: Any) -> bool:

@@ -115,3 +115,17 @@ def without_local_constants() -> Iterator[None]:
     finally:
         providers._get_local_constants = original
         cache.clear()
+
+
+#: The longest sequence a case may have, per profile, within the model's declared context:
+#: a full forward compares every position of a case at once, so long cases cost tokens, not
+#: forwards. Cached decoding steps token by token, so it has a cap of its own.
+LENGTH_CAPS = {"dev": 256, "ci": 512, "thorough": 4096}
+CACHE_LENGTH_CAPS = {"dev": 64, "ci": 128, "thorough": 512}
+
+
+def length_cap(profile: str, max_length: int | None, cached: bool = False) -> int:
+    """The longest case length for ``profile`` on a model whose context is ``max_length``
+    (None: unknown, taken as the cap)."""
+    cap = (CACHE_LENGTH_CAPS if cached else LENGTH_CAPS).get(profile, LENGTH_CAPS["dev"])
+    return cap if max_length is None else max(1, min(cap, max_length))

@@ -38,3 +38,15 @@ def case_strategy(case_type: Callable[..., CaseT], **fields: st.SearchStrategy[A
     composite is defined once, here: ``@st.composite`` inspects its function's source on
     every call."""
     return _fields(case_type, tuple(fields.items()))
+
+
+def short_or_long(low: int, short: int, longest: int) -> st.SearchStrategy[int]:
+    """A length from ``low .. short`` or, where ``longest`` allows, from ``short + 1 .. longest``,
+    the two about equally often: one pair of forwards at length L tests every earlier
+    position at once, so a mask wrong only in long sequences is seen, while short cases keep
+    the search cheap. Shrinking tries the short branch first, so a failure that holds in a
+    short sequence is reported short."""
+    short = max(low, min(short, longest))
+    if longest <= short:
+        return st.integers(low, short)
+    return st.one_of(st.integers(low, short), st.integers(short + 1, longest))

@@ -1,0 +1,87 @@
+"""The inputs users give: labels as collators build them, lengths up to the model's
+context, and low precision.
+
+Each seeded bug here was missed by the commit before these changes (a5251a5), audited
+under both ``dev`` and ``ci``: ``loss_counted_before_shift`` passed ``loss_masking`` (its
+labels had each row's first token at -100, so counting before the shift counted the same);
+``causal_leaks_past_length`` passed ``causal`` (no case was longer than 16 tokens);
+``bf16_faint_next_token``, declared bfloat16, passed ``causal`` with 0.0548 against a
+threshold of 0.0844 (the bfloat16 arithmetic term).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from maskcheck import audit
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.engine.profiles import length_cap
+from maskcheck.harness.engine.strategies import short_or_long
+from maskcheck.harness.engine.tolerance import EPS, tolerance_for
+from maskcheck.reference_models.hf_tiny import tiny_model
+from maskcheck.reference_models.mutants import LONG_FROM
+
+
+def check_of(result, suite: str, name: str):  # type: ignore[no-untyped-def]
+    return next(c for c in result.suite(suite).checks if c.name == name)
+
+
+def test_a_normaliser_counted_before_the_shift_fails_under_collator_labels() -> None:
+    check = check_of(audit("mutant:loss_counted_before_shift", ["loss_masking"]), "loss_masking", "reference_loss")
+    assert check.status == "fail" and "counted before the shift" in check.message, check.message
+
+
+@pytest.mark.parametrize("model", ["ref:tiny-decoder", "hf:gpt2", "hf:llama"])
+def test_collator_labels_under_left_padding_warn_and_the_rest_still_pass(model: str) -> None:
+    """labels = input_ids with -100 at padding make the last padded slot predict the first
+    real token: a correct model's loss moves with the padded ids. That target is left out of
+    padded_inputs and extra_padding, and left_padded_first_target reports it."""
+    spec = HFAdapter(tiny_model(model.removeprefix("hf:"))) if model.startswith("hf:") else model
+    suite = audit(spec, ["loss_masking"], paths=("canonical",)).suite("loss_masking")
+    statuses = {c.name: c.status for c in suite.checks}
+    assert statuses["reference_loss"] == statuses["padded_inputs"] == "pass", suite.checks
+    assert statuses["extra_padding"] == "pass", suite.checks
+    warned = check_of(audit(spec, ["loss_masking"], paths=("canonical",)), "loss_masking", "left_padded_first_target")
+    assert warned.status == "warn" and "label each row's first real token -100" in warned.message
+
+
+def test_a_mask_wrong_only_past_some_length_is_caught_at_that_length() -> None:
+    check = check_of(audit("mutant:causal_leaks_past_length", ["causal"]), "causal", "future_tokens")
+    assert check.status == "fail" and check.case["length"] > LONG_FROM and check.case["cut"] >= LONG_FROM
+
+
+def test_lengths_cap_per_profile_within_the_context() -> None:
+    assert [length_cap(p, None) for p in ("dev", "ci", "thorough")] == [256, 512, 4096]
+    assert length_cap("thorough", 1024) == 1024 and length_cap("ci", 64) == 64
+    assert [length_cap(p, None, cached=True) for p in ("dev", "ci", "thorough")] == [64, 128, 512]
+
+
+def test_short_and_long_lengths_are_both_drawn() -> None:
+    seen: list[int] = []
+
+    @settings(max_examples=40, database=None, derandomize=True)
+    @given(short_or_long(2, 16, 256))
+    def draw(length: int) -> None:
+        seen.append(length)
+
+    draw()
+    assert min(seen) <= 16 and max(seen) > 128, sorted(seen)
+    assert short_or_long(2, 16, 10).validate() is None  # a context shorter than the short range: one range
+
+
+def test_bfloat16_keeps_float32_thresholds_where_the_kernel_is_bitwise_reproducible() -> None:
+    tolerance = tolerance_for("cpu", "bfloat16")
+    assert tolerance.same_shape(0.0, "bfloat16", 5.0) == tolerance.same_shape_ulps * EPS["float32"] * 5.0
+    assert tolerance.same_shape(1e-3, "bfloat16", 5.0) == 2e-3 + tolerance.same_shape_ulps * EPS["bfloat16"] * 5.0
+
+
+def test_a_clean_bfloat16_gpt2_neither_warns_nor_hides_its_packing_leak() -> None:
+    """In bfloat16 the width-32 GPT-2 got a causal warn ("influence reaches back only 0
+    positions") and its packing settings passed, where float32 reports the leak of the
+    default-cache setting; both now read as in float32."""
+    result = audit(HFAdapter(tiny_model("gpt2").to(torch.bfloat16)), ["causal", "packing"], paths=("canonical",))
+    assert check_of(result, "causal", "declared_pattern").status == "pass"
+    settings_check = check_of(result, "packing", "settings")
+    assert settings_check.status == "warn" and "It leaks with" in settings_check.message, settings_check.message
