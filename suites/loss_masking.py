@@ -15,10 +15,11 @@ Labels are built as collators build them: ``labels = input_ids`` with -100 at pa
 (transformers' ``DataCollatorForLanguageModeling``), plus the case's own ignored targets.
 Under left padding such labels make the last padded slot of each row predict the row's
 first real token: that target's logits are computed at a padded position, so the loss of
-every correct model moves with the padded ids and the padding amount. ``padded_inputs``
-and ``extra_padding`` therefore compare every target except those (labelled -100 for
-them), and ``left_padded_first_target`` reports the behaviour with what to do about it;
-``reference_loss`` scores the labels exactly as given.
+every correct model moves with the padded ids and the padding amount (and with what a
+stacked forward adds). The three checks above therefore score every target except those
+(labelled -100 for them), and ``left_padded_first_target`` reports the behaviour, on
+exactly the collator's labels, with what to do about it. Right-padded and unpadded rows
+keep every label, so a loss that counts its targets before the shift is seen there.
 """
 
 from __future__ import annotations
@@ -113,19 +114,10 @@ class LossMaskingSuite(Suite):
                 CheckResult("padded_inputs", "not_applicable", unpadded),
                 CheckResult("extra_padding", "not_applicable", unpadded),
             ]
-        # The comparisons under padding leave out targets predicted from a padded slot (the module docstring).
-        compared_loss: dict[LossCase, float] = {}
-
-        def compared_loss_of(case: LossCase) -> float:
-            if case not in compared_loss:
-                batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra, from_real_only=True)
-                compared_loss[case] = float(adapter.loss(batch, labels))
-            return compared_loss[case]
-
         checks = [
             reference,
-            Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c, compared_loss_of), cases),
-            Check("extra_padding", lambda c: self.extra_padding(adapter, context, c, compared_loss_of), cases),
+            Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c, loss_of), cases),
+            Check("extra_padding", lambda c: self.extra_padding(adapter, context, c, loss_of), cases),
         ]
         if adapter.capabilities.family == "decoder":
             left = loss_cases(longest, sides=("left",))
@@ -144,12 +136,10 @@ class LossMaskingSuite(Suite):
         with the ids in padded slots (xLSTM ignores its mask) has no positions to blame."""
         without_positional_caveats_if(results, "padded_inputs")
 
-    def _batch(
-        self, adapter: Adapter, case: LossCase, length: int, from_real_only: bool = False
-    ) -> tuple[Batch, Tensor]:
-        """The case's batch padded to ``length`` and its labels as collators build them;
-        ``from_real_only`` also labels -100 each decoder row's first real token, the target
-        a left-padded row predicts from a padded slot."""
+    def _batch(self, adapter: Adapter, case: LossCase, length: int) -> tuple[Batch, Tensor]:
+        """The case's batch padded to ``length`` and its labels as collators build them, less
+        the targets predicted from a padded slot: a left-padded decoder row's first real token
+        is labelled -100 too (the module docstring)."""
         caps, pad = adapter.capabilities, pad_token(adapter)
         lengths = row_lengths(caps, case.lengths)
         if not caps.takes_attention_mask:  # nothing can be padded: no extra padding either
@@ -157,7 +147,7 @@ class LossMaskingSuite(Suite):
         rows = random_rows(adapter, lengths, case.seed)
         ids, mask = pad_rows(rows, length, case.side, pad)
         labels = ids.masked_fill(mask == 0, IGNORE)  # [B, T]: DataCollatorForLanguageModeling's labels
-        if from_real_only and adapter.capabilities.family == "decoder" and case.side == "left":
+        if adapter.capabilities.family == "decoder" and case.side == "left" and caps.takes_attention_mask:
             labels[torch.arange(len(rows)), mask.argmax(-1)] = IGNORE
         if case.ignored:  # up to that many valid targets a row become -100, never all of them
             generator = torch.Generator().manual_seed(case.seed)
@@ -235,7 +225,7 @@ class LossMaskingSuite(Suite):
     def padded_inputs(
         self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
     ) -> Outcome:
-        batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra, from_real_only=True)
+        batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         mask = batch.predicted_mask
         changed = perturb(batch.predicted_ids, mask == 0, adapter.capabilities.vocab_size, case.seed)
         if adapter.capabilities.family == "encoder_decoder":
@@ -256,8 +246,8 @@ class LossMaskingSuite(Suite):
     def extra_padding(
         self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
     ) -> Outcome:
-        narrow, narrow_labels = self._batch(adapter, case, max(case.lengths), from_real_only=True)
-        wide, wide_labels = self._batch(adapter, case, max(case.lengths) + case.extra, from_real_only=True)
+        narrow, narrow_labels = self._batch(adapter, case, max(case.lengths))
+        wide, wide_labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         first = loss_of(case)  # the loss of the wide batch
         expected = float(adapter.loss(narrow, narrow_labels))
         what = f"adding {case.extra} {case.side} padding column(s) changed the loss"
@@ -275,6 +265,8 @@ class LossMaskingSuite(Suite):
         row's first real token: a behaviour of the labels to know (``warn``), not a leak."""
         batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
         mask = batch.predicted_mask
+        assert mask is not None
+        labels = torch.where(mask.bool(), batch.input_ids, labels)  # [B, T]: exactly the collator's labels
         perturbed = Batch(
             perturb(batch.input_ids, mask == 0, adapter.capabilities.vocab_size, case.seed), mask, batch.position_ids
         )

@@ -27,7 +27,15 @@ from ..engine.registry import (
     maskcheck_version,
     suite_names,
 )
-from ..engine.suite import Check, ProbeError, RunContext, run_check
+from ..engine.suite import (
+    Check,
+    ProbeError,
+    RunContext,
+    informative_cases,
+    replay_first,
+    run_check,
+    run_check_keeping_cases,
+)
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..engine.verdict import FAILING, SEVERITY, CheckResult, SuiteResult, worst
 from ..report.reproduction import FailedCheck, write_bundle
@@ -336,9 +344,10 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
                 CheckResult(check.name, "not_run", "the suite's time limit (--timeout) was reached before this check")
             )
         else:
+            evaluated: list = []
             before = result.cases
-            checked = _run_one(check, context, result, failures, suite.name)
-            result.checks.append(paths.run(check, checked, result.cases - before, result, failures))
+            checked = _run_one(check, context, result, failures, suite.name, evaluated=evaluated)
+            result.checks.append(paths.run(check, checked, result.cases - before, evaluated, result, failures))
     suite.conclude(result.checks)
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
@@ -377,8 +386,8 @@ class PathChecks:
     """A suite's checks on the call paths besides the canonical one (harness/adapters/paths.py).
 
     Each path's checks are planned once, by the suite itself, on the adapter that calls the
-    model that way, and each check runs there with ``context.path_examples`` cases of its
-    own. A check's result is its canonical one while every path passes; a path that fails
+    model that way, and each check runs there on ``context.path_examples`` of the cases its
+    canonical run evaluated, the largest of each kind (a failure there is shrunk on the path). A check's result is its canonical one while every path passes; a path that fails
     (or warns, or errs, worse than the canonical result) gives the result, its message
     naming the path. Every path appears in the result's ``paths``, one that cannot run with
     its reason."""
@@ -404,12 +413,21 @@ class PathChecks:
         return self.planned[path.name]
 
     def run(
-        self, check: Check, canonical: CheckResult, cases: int, result: SuiteResult, failures: list[FailedCheck]
+        self,
+        check: Check,
+        canonical: CheckResult,
+        cases: int,
+        evaluated: list,
+        result: SuiteResult,
+        failures: list[FailedCheck],
     ) -> CheckResult:
-        """``check``'s result over every path, given its ``canonical`` one (of ``cases`` cases)."""
+        """``check``'s result over every path, given its ``canonical`` one (of ``cases`` cases,
+        ``evaluated``). Each path replays the canonical cases that exercise the check most
+        (``informative_cases``); with none to replay (a check decided earlier), it draws its own."""
         if not self.enabled or not check.on_paths:
             canonical.paths = [{"path": check.path, "status": canonical.status, "cases": cases}]
             return canonical
+        replayed = informative_cases(evaluated, self.context.examples)
         canonical.paths = [{"path": CANONICAL.name, "status": canonical.status, "cases": cases}]
         chosen = canonical
         for available in self.available:
@@ -431,7 +449,9 @@ class PathChecks:
                 continue
             else:
                 before = result.cases
-                outcome = _run_one(planned[check.name], self.context, result, failures, self.suite.name, path.name)
+                outcome = _run_one(
+                    planned[check.name], self.context, result, failures, self.suite.name, path.name, replayed
+                )
                 ran = result.cases - before
             canonical.paths.append({"path": path.name, "status": outcome.status, "cases": ran})
             if SEVERITY[outcome.status] > SEVERITY[chosen.status]:
@@ -449,9 +469,21 @@ def _run_one(
     failures: list[FailedCheck],
     suite: str = "",
     path: str = CANONICAL.name,
+    replayed: list | None = None,
+    evaluated: list | None = None,
 ) -> CheckResult:
+    """Run ``check`` (on ``replayed`` cases first, when given) and add its cases and failure
+    to ``result`` and ``failures``; ``evaluated`` receives the distinct cases it evaluated."""
     try:
-        check_result, cases, failure = context.decided.get((suite, check.name)) or run_check(check, context)
+        decided = context.decided.get((suite, check.name))
+        if decided is not None:
+            check_result, cases, failure = decided
+        elif replayed:
+            check_result, cases, failure = replay_first(check, context, replayed)
+        else:
+            check_result, cases, failure, seen = run_check_keeping_cases(check, context)
+            if evaluated is not None:
+                evaluated.extend(seen)
     except Exception as exc:
         return CheckResult(check.name, "error", _describe(exc))
     result.cases += cases

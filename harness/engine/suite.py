@@ -255,6 +255,56 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     return CheckRun(check, context).run()
 
 
+def run_check_keeping_cases(check: Check, context: RunContext) -> tuple[CheckResult, int, CaseFailed | None, list]:
+    """:func:`run_check`, and the distinct cases it evaluated, in order."""
+    run = CheckRun(check, context)
+    return (*run.run(), list(run.memo))
+
+
+def replay_first(check: Check, context: RunContext, cases: list) -> tuple[CheckResult, int, CaseFailed | None]:
+    """:func:`run_check` on ``cases`` instead of drawn ones: they are evaluated in plain
+    Python, and one that fails is shrunk by Hypothesis as a replayed case is (:class:`CheckRun`)."""
+    run = CheckRun(check, context)
+    context.drawn[(id(check.strategy), run.examples, run.per_example)] = DrawnCases(check.strategy, [list(cases)])
+    return run.run()
+
+
+def informative_cases(cases: list, count: int) -> list:
+    """Up to ``count`` of a check's evaluated ``cases`` that exercise it most: the largest
+    case (by the sum of its integer fields: rows, lengths, padding) of each combination of
+    its text fields (the padding side ...), largest first, then the next largest. A bug on
+    one call path shows in the cases where the path changes most."""
+    if count <= 0 or not cases:
+        return []
+
+    def size(case: Any) -> int:
+        values = case_to_dict(case).items()
+        return sum(_integers(value) for name, value in values if name != "seed")
+
+    def kind(case: Any) -> tuple:
+        return tuple(sorted((k, v) for k, v in case_to_dict(case).items() if isinstance(v, str)))
+
+    ranked = sorted(cases, key=size, reverse=True)
+    chosen: list = []
+    for case in ranked:  # the largest of each kind
+        if len(chosen) < count and all(kind(case) != kind(other) for other in chosen):
+            chosen.append(case)
+    for case in ranked:  # then the largest left
+        if len(chosen) < count and case not in chosen:
+            chosen.append(case)
+    return chosen
+
+
+def _integers(value: Any) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (list, tuple)):
+        return sum(_integers(item) for item in value)
+    return 0
+
+
 class CheckRun:
     """One check's run: Hypothesis draws examples of cases, the model answers each case once.
 
