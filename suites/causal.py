@@ -221,10 +221,10 @@ class CausalSuite(Suite):
 
     def future_gradients(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Outcome:
         """The gradient of the log-probabilities at real positions <= t with respect to the token
-        embeddings after t (and at padded slots) must be zero: a kernel can be exact forward and
-        leak backward, and a training step runs both."""
-        base, _, protected, _ = self.future_batches(adapter, case)
-        hidden = ~protected  # every later position and every padded slot
+        embeddings of the real tokens after t must be zero (the ids future_tokens changes): a
+        kernel can be exact forward and leak backward, and a training step runs both."""
+        base, _, protected, mask = self.future_batches(adapter, case)
+        hidden = mask.bool() & ~protected  # the real tokens after the cut (padded slots are the padding suite's)
         padded = f" in {case.side}-padded rows" if case.padding else ""
         what = (
             f"the training backward{padded} carries gradient from the token embeddings after position {case.cut} "

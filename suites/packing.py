@@ -35,6 +35,8 @@ from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.engine.batching import Evaluation, Logits, run_alone
 from ..harness.engine.cases import (
     aligned_outcome,
+    gradient_check,
+    gradient_outcome,
     pad_rows,
     pad_token,
     perturb,
@@ -128,6 +130,21 @@ def segment_isolation(adapter: Adapter, context: RunContext, case: PackedCase) -
     )
     what = f"changing packed sequence {changed} of lengths {list(case.segment_lengths)} changed the logits of another sequence"
     return (yield from same_shape_outcome(adapter, context, packed.batch, perturbed, others, what))
+
+
+def packed_gradients(adapter: Adapter, context: RunContext, case: PackedCase) -> Outcome:
+    """The training backward of a packed row: the gradient of the other sequences'
+    log-probabilities with respect to the token embeddings of one sequence must be zero."""
+    packed = pack(adapter, case)
+    changed = case.changed % len(packed.rows)
+    inside = torch.zeros_like(packed.batch.input_ids, dtype=torch.bool)  # [1, T]
+    inside[0, packed.span(changed)] = True
+    others = packed.real() & ~inside
+    what = (
+        f"the training backward of a packed row (lengths {list(case.segment_lengths)}) carries gradient from "
+        f"sequence {changed}'s token embeddings into another sequence's log-probabilities"
+    )
+    return gradient_outcome(adapter, context, packed.batch, others, inside, case.seed, what)
 
 
 NO_PACKING_INPUT = "it takes neither segment ids nor position ids that restart per sequence"
@@ -227,6 +244,9 @@ class PackingSuite(Suite):
         documented = settings[0][1]
         checks = [
             Check("segment_isolation", lambda c: segment_isolation(documented, context, c), strategy),
+            gradient_check(
+                documented, "packed_gradients", lambda c: packed_gradients(documented, context, c), strategy
+            ),
             Check("segments_alone", lambda c: segments_alone(documented, context, c), strategy),
         ]
         if adapter.capabilities.takes_attention_mask:

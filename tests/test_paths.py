@@ -65,6 +65,13 @@ def test_a_leak_in_the_backward_only_fails_the_gradient_check() -> None:
     )
 
 
+def test_packed_sequences_that_read_each_other_fail_the_packed_gradient_check() -> None:
+    check = check_of(audit("mutant:packing_segments_ignored", ["packing"]), "packing", "packed_gradients")
+    assert check.status == "fail" and "another sequence" in check.message
+    clean = check_of(audit("ref:tiny-decoder", ["packing"], paths=("canonical",)), "packing", "packed_gradients")
+    assert clean.status == "pass"
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "bart"])
 def test_clean_hugging_face_models_pass_their_gradient_checks(name: str) -> None:
     result = audit(HFAdapter(tiny_model(name)), ["causal", "padding"], paths=("canonical",))

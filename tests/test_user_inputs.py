@@ -34,17 +34,19 @@ def test_a_normaliser_counted_before_the_shift_fails_under_collator_labels() -> 
 
 
 @pytest.mark.parametrize("model", ["ref:tiny-decoder", "hf:gpt2", "hf:llama"])
-def test_collator_labels_under_left_padding_warn_and_the_rest_still_pass(model: str) -> None:
+def test_collator_labels_under_left_padding_leave_out_the_first_target_and_say_so(model: str) -> None:
     """labels = input_ids with -100 at padding make the last padded slot predict the first
     real token: a correct model's loss moves with the padded ids. That target is left out of
-    padded_inputs and extra_padding, and left_padded_first_target reports it."""
+    the loss checks, which pass, and padded_inputs says why and what to do."""
     spec = HFAdapter(tiny_model(model.removeprefix("hf:"))) if model.startswith("hf:") else model
     suite = audit(spec, ["loss_masking"], paths=("canonical",)).suite("loss_masking")
-    statuses = {c.name: c.status for c in suite.checks}
-    assert statuses["reference_loss"] == statuses["padded_inputs"] == "pass", suite.checks
-    assert statuses["extra_padding"] == "pass", suite.checks
-    warned = check_of(audit(spec, ["loss_masking"], paths=("canonical",)), "loss_masking", "left_padded_first_target")
-    assert warned.status == "warn" and "label each row's first real token -100" in warned.message
+    assert {c.name: c.status for c in suite.checks} == {
+        "reference_loss": "pass",
+        "padded_inputs": "pass",
+        "extra_padding": "pass",
+    }, [(c.name, c.message) for c in suite.checks]
+    padded = next(c for c in suite.checks if c.name == "padded_inputs")
+    assert "predict each row's first real token" in padded.message and "label it -100 too" in padded.message
 
 
 def test_a_mask_wrong_only_past_some_length_is_caught_at_that_length() -> None:
