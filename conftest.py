@@ -20,5 +20,18 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # .ci/run repeats the float tests with 2
 
 
+@pytest.fixture(autouse=True)
+def canonical_path_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Audits in these tests run on the canonical call path only, unless the test is marked
+    ``call_paths``: the other paths repeat every check, and what most tests assert (a CLI
+    flag, a bundle, the plugin's output) does not depend on them. The tests of the paths,
+    of the clean models and of the sweep's verdicts are marked and run every path."""
+    if request.node.get_closest_marker("call_paths") is None:
+        from maskcheck.harness.engine import profiles
+
+        for profile in profiles.PATH_EXAMPLES:
+            monkeypatch.setitem(profiles.PATH_EXAMPLES, profile, 0)
+
+
 # Bundles that earlier maskcheck versions wrote, kept as data: tests replay them from a copy.
 collect_ignore = ["tests/data"]

@@ -15,6 +15,8 @@ from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models.hf_tiny import shrunk_model
 
+pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
+
 SWEEP_SUITES = suite_names(lambda suite: suite.in_sweep)
 
 

@@ -22,6 +22,8 @@ from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.mutants import MUTANTS, build, build_clean
 from maskcheck.reference_models.path_bugs import WindowedMHADecoder
 
+pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
+
 PATH_BUGS = {
     # mutant: (suite, check, the path whose run fails it)
     "module_mha_window_hint": ("causal", "declared_pattern", "training"),

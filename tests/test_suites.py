@@ -26,6 +26,7 @@ def failures(result) -> list[str]:  # type: ignore[no-untyped-def]
     ]
 
 
+@pytest.mark.call_paths
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_clean_reference_models_pass_every_mask_suite(preset: str) -> None:
     result = audit(f"ref:{preset}", MASK_SUITES)
@@ -35,6 +36,7 @@ def test_clean_reference_models_pass_every_mask_suite(preset: str) -> None:
     assert {s.status for s in result.suites} <= {"pass", "not_applicable"}
 
 
+@pytest.mark.call_paths
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
 def test_clean_hugging_face_models_pass_every_mask_suite(name: str, implementation: str) -> None:
@@ -51,6 +53,7 @@ def test_expected_warnings_on_hugging_face_models() -> None:
     assert any(c.status == "warn" and "left padding shifts" in c.message for c in bart.checks)
 
 
+@pytest.mark.call_paths
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_every_seeded_bug_fails_its_suite_for_the_right_reason(name: str) -> None:
     mutant = MUTANTS[name]

@@ -23,6 +23,8 @@ from maskcheck.harness.engine.tolerance import EPS, tolerance_for
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.mutants import LONG_FROM
 
+pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
+
 
 def check_of(result, suite: str, name: str):  # type: ignore[no-untyped-def]
     return next(c for c in result.suite(suite).checks if c.name == name)

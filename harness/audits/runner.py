@@ -180,15 +180,7 @@ def audit(
     )
     result.environment["float32_reference_error"] = reference_error
     context.path_examples = path_examples_of(profile, context.examples)
-    backward = None if adapter.embedding_module() is not None else "the model has no nn.Embedding to differentiate"
-    result.environment["paths"] = [
-        CANONICAL_AVAILABLE.to_dict(),
-        PathAvailability(TRAINING_BACKWARD, backward).to_dict(),
-    ] + [
-        available.to_dict()
-        for available in adapter.paths()
-        if context.paths is None or available.path.name in context.paths
-    ]
+    result.environment["paths"] = path_environment(adapter, context)
     decided: dict[tuple[str, str], tuple] = {}
     gate_suite = batching_gate_suite()
     gate_name = f"{gate_suite.name}/{gate_suite.batching_gate}" if gate_suite else ""
@@ -310,6 +302,20 @@ def batching_gate(
 
 
 CANONICAL_AVAILABLE = PathAvailability(CANONICAL)
+
+
+def path_environment(adapter: Adapter, context: RunContext) -> list[dict[str, Any]]:
+    """The call paths an audit runs, each with why it cannot where it cannot: the report's
+    list (checks each say which of them they ran)."""
+    backward = None if adapter.embedding_module() is not None else "the model has no nn.Embedding to differentiate"
+    others = [a for a in adapter.paths() if context.paths is None or a.path.name in context.paths]
+    if context.path_examples == 0:
+        others = []  # a profile that gives the other paths no cases runs none
+    return [
+        CANONICAL_AVAILABLE.to_dict(),
+        PathAvailability(TRAINING_BACKWARD, backward).to_dict(),
+        *(available.to_dict() for available in others),
+    ]
 
 
 def other_paths(names: Sequence[str] | None) -> tuple[str, ...] | None:
