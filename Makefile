@@ -12,7 +12,7 @@ demo: setup
 	$(PY) scripts/demo.py
 
 test: setup
-	$(PY) -m pytest -n auto -q
+	$(PY) -m pytest -n auto -q -m "not slow"
 
 test-slow: setup
 	$(PY) -m pytest -n auto -q -m slow

@@ -104,7 +104,43 @@ def test_warn_becomes_a_pytest_warning(pytester: pytest.Pytester) -> None:
         "norm_checkpoint",
     )
     assert outcomes(result)["passed"] == 2
-    assert "MaskcheckWarning" in result.stdout.str() and "inconclusive" in result.stdout.str()
+    out = result.stdout.str()
+    assert "MaskcheckWarning" in out and "inconclusive" in out
+    # The warning names the model and the suite, and points at no line of maskcheck's own code.
+    assert "maskcheck norm_checkpoint/behaviour on ref:tiny-decoder:" in out
+    assert "testing.py" not in out and "hooks.py" not in out
+
+
+def test_the_warning_points_at_the_configuration_that_names_the_model(fake_repo: pytest.Pytester) -> None:
+    result = fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "good", "--maskcheck-suites", "norm_checkpoint")
+    out = result.stdout.str()
+    line = next((line for line in out.splitlines() if "pyproject.toml:" in line), "")
+    number = int(line.split("pyproject.toml:")[1].split(":")[0]) if line else 0
+    toml = (fake_repo.path / "pyproject.toml").read_text().splitlines()
+    assert number and "module:models:good" in toml[number - 1], out[-2500:]
+
+
+def test_a_passing_run_says_what_it_audited_and_where_the_reports_are(fake_repo: pytest.Pytester) -> None:
+    result = fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "good")
+    assert "maskcheck: audited 1 model x 2 suites (" in result.stdout.str()
+    assert "reports in maskcheck-report/" in result.stdout.str()
+
+
+def test_reports_carry_their_run_and_a_report_the_run_did_not_write_says_so(fake_repo: pytest.Pytester) -> None:
+    """An interrupted or narrowed run left the other model's earlier report looking current."""
+    report_dir = fake_repo.path / "maskcheck-report"
+    fake_repo.runpytest_subprocess("-p", "no:xdist")
+    first = json.loads((report_dir / "module_models_good" / "report.json").read_text())
+    assert first["run_id"] and first["started"] and first["complete"] is True and "stale" not in first
+    fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "buggy")  # this run leaves `good` out
+    stale = json.loads((report_dir / "module_models_good" / "report.json").read_text())
+    assert stale["complete"] is False and "did not audit module:models:good" in stale["stale"]
+    assert first["run_id"] in stale["stale"]
+    assert "**Stale:**" in (report_dir / "module_models_good" / "report.md").read_text()
+    current = json.loads((report_dir / "module_models_buggy" / "report.json").read_text())
+    assert current["run_id"] != first["run_id"] and "stale" not in current
+    # The report directory keeps itself out of git, as pytest's cache does.
+    assert (report_dir / ".gitignore").read_text().splitlines()[-1] == "*"
 
 
 def test_hook_fixture_and_helper_for_test_authors(pytester: pytest.Pytester) -> None:
@@ -173,11 +209,84 @@ def test_test_paths_leave_configured_models_out_and_the_summary_says_so(fake_rep
     assert "test paths were given: run pytest without paths, or add --maskcheck-always" in line
     # --maskcheck-require turns the line into a failing run; --maskcheck-always audits them.
     required = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-require")
-    assert (
-        required.ret == pytest.ExitCode.TESTS_FAILED and "--maskcheck-require: the run fails" in required.stdout.str()
-    )
+    assert required.ret == pytest.ExitCode.TESTS_FAILED and "(require: the run fails)" in required.stdout.str()
     always = fake_repo.runpytest_subprocess("-p", "no:xdist", "test_own.py", "--maskcheck-always")
     assert outcomes(always) == {"passed": 4, "failed": 1} and "NOT audited" not in always.stdout.str()
+
+
+REQUIRING_PYPROJECT = """
+[tool.pytest.ini_options]
+addopts = "-p no:cacheprovider -p no:xdist"
+
+[tool.maskcheck]
+models = ["ref:tiny-decoder"]
+suites = ["causal"]
+profile = "dev"
+require = true
+"""
+
+
+@pytest.fixture
+def requiring_repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A host that configures maskcheck only in [tool.maskcheck], require included, as the README shows."""
+    pytester.makepyfile(test_own="def test_one():\n    assert True\n\ndef test_two():\n    assert True\n")
+    pytester.makefile(".toml", pyproject=REQUIRING_PYPROJECT)
+    return pytester
+
+
+def test_require_leaves_targeted_runs_and_collect_only_green(requiring_repo: pytest.Pytester) -> None:
+    """An IDE's run of one test, a run by path and --collect-only were red under require."""
+    for args in (["test_own.py::test_one"], ["test_own.py"], ["--collect-only"], ["--collect-only", "-q"]):
+        result = requiring_repo.runpytest_subprocess(*args)
+        assert result.ret == pytest.ExitCode.OK, (args, result.stdout.str()[-1500:])
+    run = requiring_repo.runpytest_subprocess()  # the run meant to audit: every configured model runs
+    assert outcomes(run) == {"passed": 3}
+
+
+def test_require_fails_a_run_meant_to_audit_with_a_junit_case(requiring_repo: pytest.Pytester) -> None:
+    """-k leaves the model out of a run given no paths: under a configured require that run is
+    meant to audit only when nothing narrows it, so -k is green; --maskcheck-require on the
+    command line (what CI passes) fails it, with a failing maskcheck::require case in JUnit."""
+    narrowed = requiring_repo.runpytest_subprocess("-k", "test_one")
+    assert narrowed.ret == pytest.ExitCode.OK and "NOT audited" in narrowed.stdout.str()
+    result = requiring_repo.runpytest_subprocess("-k", "test_one", "--maskcheck-require", "--junitxml=junit.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "FAILED maskcheck::require" in out and "(require: the run fails)" in out
+    assert "1 failed, 1 passed" in out
+    cases = ElementTree.parse(requiring_repo.path / "junit.xml").getroot().iter("testcase")
+    failing = [c for c in cases if c.find("failure") is not None]
+    assert [c.get("name") for c in failing] == ["require"], [c.attrib for c in failing]
+    assert "NOT audited" in failing[0].find("failure").get("message", "") + (failing[0].find("failure").text or "")
+
+
+def test_a_host_without_maskcheck_stays_warning_free_under_strict_config(requiring_repo: pytest.Pytester) -> None:
+    """[tool.maskcheck] is not pytest's to validate: -p no:maskcheck (a contributor without
+    maskcheck) and --strict-config give no PytestConfigWarning and exit 0."""
+    result = requiring_repo.runpytest_subprocess("-p", "no:maskcheck", "--strict-config", "-W", "error")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-1500:] + result.stderr.str()[-1500:]
+    assert "PytestConfigWarning" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_setting_in_both_tables_is_one_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_one():\n    assert True\n")
+    pytester.makefile(
+        ".toml",
+        pyproject='[tool.pytest.ini_options]\nmaskcheck_profile = "dev"\n\n[tool.maskcheck]\n'
+        'models = ["ref:tiny-decoder"]\nprofile = "ci"\n',
+    )
+    result = pytester.runpytest_subprocess("-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "maskcheck_profile in [tool.pytest.ini_options] and profile in [tool.maskcheck]" in result.stderr.str()
+
+
+def test_a_key_of_a_newer_maskcheck_is_a_warning_not_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_one():\n    assert True\n")
+    pytester.makefile(".toml", pyproject='[tool.maskcheck]\nmodels = ["ref:tiny-decoder"]\nsuites = ["causal"]\n'
+                      'profile = "dev"\nfuture_knob = 3\n')  # fmt: skip
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    assert outcomes(result)["passed"] == 2, result.stdout.str()[-1500:]
+    assert "'future_knob' is not known to this maskcheck and is ignored" in result.stdout.str()
 
 
 def test_deselected_models_are_named_and_counts_stay_positive(fake_repo: pytest.Pytester) -> None:
@@ -300,6 +409,25 @@ test_buggy = maskcheck_tests(lambda: build("causal_sees_next_token"), suites=["c
     assert "During handling of the above exception" not in out and out.count("maskcheck causal on buggy: FAIL") == 1
 
 
+THREADS_MODELS = """
+import os
+from pathlib import Path
+
+
+def counted():
+    import torch
+    from maskcheck.reference_models import PRESETS, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny-decoder"])
+    name = "during-%s.txt" % os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+    def record(*_):  # returns None: a pre-hook's value would replace the forward's arguments
+        Path(name).write_text(str(torch.get_num_threads()))
+
+    model.register_forward_pre_hook(record)
+    return model
+"""
 THREADS_CONFTEST = """
 import os
 from pathlib import Path
@@ -308,12 +436,12 @@ from pathlib import Path
 def pytest_runtest_teardown(item):
     if "maskcheck" in item.keywords:  # a worker that ran an audit: what it left torch with
         import torch
-        Path("threads-%s.txt" % os.environ.get("PYTEST_XDIST_WORKER", "main")).write_text(str(torch.get_num_threads()))
+        Path("after-%s.txt" % os.environ.get("PYTEST_XDIST_WORKER", "main")).write_text(str(torch.get_num_threads()))
 """
 
 
 @pytest.mark.parametrize("setting, expected", [("auto", "share"), ("keep", "default"), ("1", "1")])
-def test_each_worker_takes_a_fair_share_of_threads(
+def test_each_worker_audits_with_a_fair_share_of_threads_and_gives_them_back(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str, expected: str
 ) -> None:
     import subprocess
@@ -327,21 +455,20 @@ def test_each_worker_takes_a_fair_share_of_threads(
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     pytester.makeconftest(THREADS_CONFTEST)
-    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    pytester.makepyfile(models=THREADS_MODELS, test_own="def test_own():\n    assert True\n")
     result = pytester.runpytest_subprocess(
         "-n",
         "2",
         "-p",
         "no:cacheprovider",
         "--maskcheck-model",
-        "ref:tiny-decoder",
+        "module:models:counted",
         "--maskcheck-suites",
         "causal,padding",
         "--maskcheck-threads",
         setting,
     )
     assert outcomes(result) == {"passed": 3}, result.stdout.str()[-2000:]
-    seen = {path.read_text() for path in pytester.path.glob("threads-gw*.txt")}
     default = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
         capture_output=True,
@@ -349,7 +476,49 @@ def test_each_worker_takes_a_fair_share_of_threads(
         check=True,
     ).stdout.strip()
     want = {"share": str(fair_share(cores, 2)), "default": default, "1": "1"}[expected]
-    assert seen == {want}, (seen, want)
+    during = {path.read_text() for path in pytester.path.glob("during-gw*.txt")}
+    after = {path.read_text() for path in pytester.path.glob("after-gw*.txt")}
+    assert during == {want} and after == {default}, (during, after, want, default)
+
+
+HOST_STATE_CONFTEST = """
+import random
+from pathlib import Path
+
+import numpy
+import torch
+
+
+def state():
+    return (torch.initial_seed(), torch.get_rng_state().tolist(), random.getstate(),
+            numpy.random.get_state()[1].tolist(), torch.get_num_threads())
+
+
+def pytest_runtest_setup(item):
+    if "maskcheck" in item.keywords:
+        item.stash_state = state()
+
+
+def pytest_runtest_teardown(item):
+    if "maskcheck" in item.keywords:
+        Path("host-%s.txt" % item.name).write_text("same" if state() == item.stash_state else "changed")
+"""
+
+
+def test_a_maskcheck_test_leaves_the_host_random_state_and_threads_as_it_found_them(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An audit seeds torch (the reference models, the tiny configs) and may lower its
+    threads; the host's own unseeded tests that run next in the same worker must not see it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pytester.makeconftest(HOST_STATE_CONFTEST)
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-decoder",
+        "--maskcheck-suites", "causal", "--maskcheck-threads", "1",
+    )  # fmt: skip
+    assert outcomes(result) == {"passed": 2}, result.stdout.str()[-2000:]
+    assert [path.read_text() for path in pytester.path.glob("host-*.txt")] == ["same"]
 
 
 COLLATOR_PYPROJECT = """

@@ -33,7 +33,21 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, mutant in MUTANTS.items():
         result = audit(f"mutant:{name}", [mutant.suite], bundle_dir=root / name)
         written[name] = Path(result.suite(mutant.suite).reproduction)
+        AUDIT_MESSAGES[name] = {c.name: c.message for c in result.suite(mutant.suite).checks if c.status == "fail"}
     return written
+
+
+#: seeded bug -> failing check -> the audit's message, filled by the bundles fixture
+AUDIT_MESSAGES: dict[str, dict[str, str]] = {}
+
+
+def test_a_replay_tells_the_audits_story(bundles: dict[str, Path]) -> None:
+    """The replayed message of every failing check equals the audit's, diagnosis included (a
+    suite's conclude can revise one check's verdict from another's: a positional excuse
+    withdrawn when padded ids leak; a path's name)."""
+    for name, path in bundles.items():
+        replayed = {r.check: r.message for r in replay(path)}
+        assert replayed and replayed == {check: AUDIT_MESSAGES[name].get(check) for check in replayed}, name
 
 
 def test_every_seeded_bug_writes_a_complete_bundle(bundles: dict[str, Path]) -> None:

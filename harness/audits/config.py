@@ -19,6 +19,7 @@ One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*``
 | ``timeout`` | seconds | time limit per suite |
 | ``tolerance`` | tables | ``[tool.maskcheck.tolerance."cpu.float32"]`` overrides |
 | ``known_findings`` | array of tables | accepted findings, see :class:`KnownFinding` |
+| ``always``, ``require`` | bool | the pytest plugin's ``--maskcheck-always`` and ``--maskcheck-require`` |
 | ``collators`` | list | collators the pytest plugin audits: ``"pkg.mod:factory"`` (causal-lm) or ``{factory = "...", task = "packed"}`` |
 
 Every problem is a :class:`ConfigError` with a one-line message naming the file.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import tomllib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,10 @@ from typing import Any
 
 class ConfigError(ValueError):
     pass
+
+
+class ConfigWarning(UserWarning):
+    """A ``[tool.maskcheck]`` key this version does not know: ignored, and said."""
 
 
 #: key -> the Python type its value must have after normalisation
@@ -57,6 +63,8 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "collators": list,
     "disabled_conventions": list,  # ids of harness/audits/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
+    "always": bool,  # the pytest plugin: audit the configured models even when test paths are given
+    "require": bool,  # the pytest plugin: fail a run meant to audit that leaves a configured model out
 }
 LIST_KEYS = ("models", "suites", "attn_implementation", "paths")
 
@@ -107,11 +115,18 @@ def load_config(start: str | Path | None = None) -> dict[str, Any]:
 def normalise(table: dict[str, Any], where: str) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for key, value in table.items():
-        if key not in KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r} in [tool.maskcheck]; known: {', '.join(KEYS)}")
+        if key not in KEYS:  # written for a newer maskcheck, or a typo: said, and ignored
+            warnings.warn(
+                ConfigWarning(
+                    f"{where}: [tool.maskcheck] key {key!r} is not known to this maskcheck and is ignored "
+                    f"(known: {', '.join(KEYS)})"
+                ),
+                stacklevel=2,
+            )
+            continue
         if key in LIST_KEYS and isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, KEYS[key]) or isinstance(value, bool):
+        if not isinstance(value, KEYS[key]) or (isinstance(value, bool) and KEYS[key] is not bool):
             raise ConfigError(f"{where}: [tool.maskcheck] {key} has the wrong type ({type(value).__name__})")
         config[key] = value
     tolerance = config.get("tolerance", {})

@@ -7,10 +7,12 @@ shape or misbehaves gives an ``error`` check for that suite, and the audit goes 
 from __future__ import annotations
 
 import copy
+import datetime
 import platform
 import sys
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -59,6 +61,11 @@ class AuditResult:
     probes: list[dict[str, Any]] = field(default_factory=list)
     adapter: dict[str, Any] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)  # suites not run yet (an interrupted audit keeps them)
+    # Which run wrote this result, and when it started (UTC): a report left by an earlier run says so.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
 
     @property
     def status(self) -> str:
@@ -84,6 +91,8 @@ class AuditResult:
             "schema_version": SCHEMA_VERSION,
             "model": self.model,
             "maskcheck_version": maskcheck_version(),
+            "run_id": self.run_id,
+            "started": self.started,
             "environment": self.environment,
             "complete": not self.pending,
             "not_run": list(self.pending),
@@ -355,6 +364,12 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
             checked = _run_one(check, context, result, failures, suite.name, evaluated=evaluated)
             result.checks.append(paths.run(check, checked, result.cases - before, evaluated, result, failures))
     suite.conclude(result.checks)
+    final = {check.name: check.message for check in result.checks}
+    for failure in failures:  # a bundle records the audit's last word, which its replay reproduces
+        message = final.get(failure.check, "")
+        on_path = message.startswith(f"on the {failure.path} path (")
+        if on_path or (failure.path == CANONICAL.name and not message.startswith("on the ")):
+            failure.message = message
     if failures and context.bundle_dir is not None:
         result.reproduction = _bundle(suite, adapter, context, failures)
     if result.status in ("pass", "warn", "fail") and context.report_dir is not None and suite.draws_effective_mask:

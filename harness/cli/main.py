@@ -313,7 +313,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from ..audits.config import ConfigError, load_config
     from ..audits.runner import audit
     from ..engine.registry import UnknownSuiteError, registered_suite_names, unknown_suites_message
-    from ..report.render import render_markdown, render_table, write_atomically, write_json
+    from ..report.render import keep_out_of_git, render_markdown, render_table, write_atomically, write_json
 
     if not args.verbose:
         _quiet_transformers()
@@ -410,6 +410,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                     Path(report_dir) / "report.json", result.to_dict()
                 )  # with the probes, which run after the last suite
                 write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
+                keep_out_of_git(report_root or report_dir)
                 print(f"report: {report_dir}/report.json, {report_dir}/report.md")
             worst_exit = max(worst_exit, result.exit_code)
     except KeyboardInterrupt:
@@ -427,13 +428,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json_path:
         write_json(Path(args.json_path), reports[0] if len(reports) == 1 else {"audits": reports})
         print(f"JSON report: {args.json_path}")
+    keep_out_of_git(DEFAULT_BUNDLE_DIR)  # where bundles go without --report (no-op if none was written)
     return worst_exit
 
 
 def _audit_collator(args: argparse.Namespace, option: Any) -> int:
     """``maskcheck audit collator:pkg.mod:factory --task ...``: the collator checks, one table."""
     from ..audits.collator_audit import CollatorError, audit_collator
-    from ..report.render import render_markdown, render_table, write_atomically, write_json
+    from ..report.render import keep_out_of_git, render_markdown, render_table, write_atomically, write_json
 
     started = time.perf_counter()
     report_dir = option("report_dir", "report", None)
@@ -463,6 +465,7 @@ def _audit_collator(args: argparse.Namespace, option: Any) -> int:
     if report_dir:
         write_json(Path(report_dir) / "report.json", result.to_dict())
         write_atomically(Path(report_dir) / "report.md", render_markdown(result.to_dict()))
+        keep_out_of_git(report_dir)
         print(f"report: {report_dir}/report.json, {report_dir}/report.md")
     return result.exit_code
 

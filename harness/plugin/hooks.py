@@ -33,6 +33,7 @@ not use it pays only for this file. torch and transformers load when a maskcheck
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ CONFIG_KEYS = {
     "dtype": "dtype",
     "report_dir": "report",
     "threads": "threads",
+    "always": "always",
+    "require": "require",
 }
 
 
@@ -121,12 +124,40 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def flag(config: pytest.Config, name: str) -> bool:
-    return bool(config.getoption(f"maskcheck_{name}") or config.getini(FLAGS[name][0]))
+    """An on/off setting: the command line, the ini key or ``[tool.maskcheck]``."""
+    return bool(
+        config.getoption(f"maskcheck_{name}") or config.getini(FLAGS[name][0]) or _tool_config(config).get(name)
+    )
+
+
+def require_applies(config: pytest.Config) -> bool:
+    """Whether ``require`` may fail this run: ``--maskcheck-require`` on the command line
+    always (what CI passes), else a configured ``require`` for runs meant to audit, the ones
+    given no test paths or node ids, no ``-k`` and no ``-m``. ``--collect-only`` never fails
+    because of it, nor does a targeted run (an IDE's, ``pytest tests/test_x.py::test_one``)."""
+    if config.getoption("collectonly"):
+        return False
+    if config.getoption("maskcheck_require"):
+        return True
+    if not (config.getini(FLAGS["require"][0]) or _tool_config(config).get("require")):
+        return False
+    targeted = config.args_source == pytest.Config.ArgsSource.ARGS
+    return not (targeted or config.getoption("keyword") or config.getoption("markexpr"))
 
 
 def validate_settings(config: pytest.Config) -> None:
     """Every setting checked once, up front: one usage error instead of one per test."""
     from .threads import ThreadSettingError, parse_threads
+
+    tool = _tool_config(config)
+    both = [
+        f"{ini} in [tool.pytest.ini_options] and {key} in [tool.maskcheck]"
+        for name, key in CONFIG_KEYS.items()
+        for ini in [OPTIONS[name][0] if name in OPTIONS else FLAGS[name][0]]
+        if key in tool and _ini_set(config, ini)
+    ]
+    if both:
+        raise pytest.UsageError(f"maskcheck: set each setting in one place, not both: {'; '.join(both)}")
 
     for name, allowed in CHOICES.items():
         value = setting(config, name)
@@ -137,6 +168,11 @@ def validate_settings(config: pytest.Config) -> None:
     except ThreadSettingError as exc:
         raise pytest.UsageError(f"maskcheck: {exc}") from None
     chosen_suites(config)
+
+
+def _ini_set(config: pytest.Config, ini: str) -> bool:
+    """Whether the ini file sets ``ini`` to something (its default is nothing, or false)."""
+    return bool(config.getini(ini))
 
 
 def new_ledger(config: pytest.Config) -> Any:
@@ -170,13 +206,19 @@ def setting(config: pytest.Config, name: str) -> Any:
 def _tool_config(config: pytest.Config) -> dict[str, Any]:
     cached = config.stash.get(_CONFIG_KEY, None)
     if cached is None:
-        from ..audits.config import ConfigError, load_config
+        import warnings
+
+        from ..audits.config import ConfigError, ConfigWarning, load_config
 
         try:
-            cached = load_config(config.rootpath)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConfigWarning)
+                cached = load_config(config.rootpath)
         except ConfigError as exc:
             raise pytest.UsageError(f"maskcheck: {exc}") from None
         config.stash[_CONFIG_KEY] = cached
+        for warning in caught:  # into pytest's warnings summary, where a host looks for them
+            config.issue_config_time_warning(warning.message, stacklevel=2)
     return cached
 
 
@@ -361,6 +403,8 @@ class RunTracker:
         self.config = config
         self.ledger = ledger  # None when no model is configured (only the helper's tests run)
         self.ran_maskcheck = False
+        self.required: str | None = None  # why require failed this run
+        self.reports: list[dict[str, Any]] = []  # the merged reports this run wrote
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.ledger is not None:  # without xdist this process collected the selected tests
@@ -383,6 +427,7 @@ class RunTracker:
             if self.ledger is not None and report.when == "teardown":
                 self.ledger.finished.add(report.nodeid)
 
+    @pytest.hookimpl(tryfirst=True)  # before junitxml writes its file at session finish
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         from . import testing
         from .run_report import RunLedger, merge_run
@@ -391,18 +436,56 @@ class RunTracker:
             return
         ledger = self.ledger or RunLedger(testing.RUN_ID, run_options(self.config).report_dir)
         stopped = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop) or bool(session.shouldfail)
-        merge_run(ledger, run_complete=not stopped)
-        if (
-            self.ledger is not None
-            and self.ledger.not_audited()
-            and flag(self.config, "require")
-            and session.exitstatus == pytest.ExitCode.OK
-        ):
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.reports = [json.loads(path.read_text()) for path in merge_run(ledger, run_complete=not stopped)]
+        line = self.ledger.summary() if self.ledger is not None else None
+        if line and require_applies(self.config):
+            self.required = line
+            fail_required(session, line)
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         line = self.ledger.summary() if self.ledger is not None else None
         if line:
-            if flag(self.config, "require"):
-                line += " (--maskcheck-require: the run fails)"
+            if self.required:
+                line += " (require: the run fails)"
             terminalreporter.write_sep("!", line, red=True, bold=True)
+        audited = self.audited_line()
+        if audited:
+            terminalreporter.write_line(audited)
+
+    def audited_line(self) -> str | None:
+        """One line on what this run audited: models, suites, verdicts and where the reports are."""
+        if not self.reports:
+            return None
+        verdicts: dict[str, int] = {}
+        suites: set[str] = set()
+        for report in self.reports:
+            for suite in report.get("suites", []):
+                suites.add(suite["name"])
+                verdicts[suite["status"]] = verdicts.get(suite["status"], 0) + 1
+        counted = ", ".join(f"{count} {status}" for status, count in sorted(verdicts.items()))
+        where = run_options(self.config).report_dir
+        try:
+            where = where.relative_to(self.config.rootpath)
+        except ValueError:
+            pass
+        models = len(self.reports)
+        return (
+            f"maskcheck: audited {models} model{'s' if models > 1 else ''} x {len(suites)} suite"
+            f"{'s' if len(suites) > 1 else ''} ({counted}); reports in {where}/"
+        )
+
+
+REQUIRE_NODE = "maskcheck::require"
+
+
+def fail_required(session: pytest.Session, reason: str) -> None:
+    """Report ``maskcheck::require`` as a failed test, so the JUnit file and the counts say
+    what failed the run (its setup, call and teardown, as a test's)."""
+    location = ("maskcheck", None, "require")
+    for when, outcome in (("setup", "passed"), ("call", "failed"), ("teardown", "passed")):
+        report = pytest.TestReport(
+            REQUIRE_NODE, location, {"maskcheck": 1}, outcome, reason if outcome == "failed" else None, when
+        )
+        session.config.hook.pytest_runtest_logreport(report=report)

@@ -6,10 +6,13 @@ controller merges this run's files, and only those, into ``report.json`` and
 ``report.md`` per model, and removes what earlier runs left there under maskcheck's own
 names: result files of other runs, ``repro-*`` bundles (directories holding a
 ``case.json``) and ``*-effective-mask.png`` pictures that this run's results do not name.
-A model this run did not audit keeps its directory untouched: a run of one's own tests,
-or of a reproduction bundle itself (``pytest maskcheck-report/<model>/repro-causal``), must
-never delete the bundle being debugged. Nothing else in the report directory is touched,
-whatever that directory is.
+A configured model this run did not audit keeps its bundles and pictures: a run of one's
+own tests, or of a reproduction bundle itself (``pytest maskcheck-report/<model>/repro-causal``),
+must never delete the bundle being debugged; its ``report.json`` is marked ``stale`` (which
+run wrote it, which run did not audit it) and no longer says ``complete``. Every report
+carries the run's id and start time. The report directory gets a ``.gitignore`` that
+ignores it, as pytest's cache does, unless it has one. Nothing else in the report
+directory is touched, whatever that directory is.
 
 ``complete`` is true only when every maskcheck test selected in this run finished and
 the run was not interrupted or stopped early.
@@ -17,6 +20,7 @@ the run was not interrupted or stopped early.
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 import uuid
@@ -50,6 +54,9 @@ class RunLedger:
     collected: bool = True  # False when test paths were given and the models were left out
     selected: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
+    started: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
 
     def not_audited(self) -> dict[str, list[str]]:
         """Configured model -> its configured suites that did not finish in this run."""
@@ -103,10 +110,14 @@ def write_result(model_dir: Path, suite: str, result: dict[str, Any], run_id: st
 
 def merge_run(ledger: RunLedger, run_complete: bool) -> list[Path]:
     """Merge this run's results per model, remove stale artifacts; returns the reports written."""
+    from ..report.render import keep_out_of_git
+
+    keep_out_of_git(ledger.report_dir)
     written = []
     for model_dir, parts in _model_dirs(ledger):
         if not parts:
-            continue  # not audited by this run: its report and bundles are another run's to replace
+            _mark_stale(model_dir, ledger)  # its bundles stay: another run's to replace
+            continue
         referenced = {
             Path(p).name
             for part in parts
@@ -130,13 +141,32 @@ def _write_merged(model_dir: Path, parts: list[dict[str, Any]], ledger: RunLedge
     from ..report.render import render_markdown, write_atomically, write_json
 
     not_run = ledger.unfinished(model_dir.name)
-    merged = {key: value for key, value in parts[0].items() if key != "run_id"}
+    merged = dict(parts[0])
+    merged["run_id"], merged["started"] = ledger.run_id, ledger.started
     merged["suites"] = [suite for part in parts for suite in part["suites"]]
     merged["complete"] = run_complete and not not_run
     merged["not_run"] = not_run
     write_json(model_dir / "report.json", merged)
     write_atomically(model_dir / "report.md", render_markdown(merged))
     return model_dir / "report.json"
+
+
+def _mark_stale(model_dir: Path, ledger: RunLedger) -> None:
+    """A configured model's report from an earlier run, marked as not this run's: it no longer
+    reads as current (``complete`` false, ``stale`` saying which runs)."""
+    from ..report.render import render_markdown, write_atomically, write_json
+
+    name = next((model for model, (slug, _) in ledger.configured.items() if slug == model_dir.name), None)
+    report = _read(model_dir / "report.json")
+    if name is None or not report or report.get("run_id") == ledger.run_id:
+        return
+    report["stale"] = (
+        f"the latest run ({ledger.run_id}, started {ledger.started}) did not audit {name}; this report is from run "
+        f"{report.get('run_id', 'unknown')} (started {report.get('started', 'unknown')})"
+    )
+    report["complete"] = False
+    write_json(model_dir / "report.json", report)
+    write_atomically(model_dir / "report.md", render_markdown(report))
 
 
 def _model_dirs(ledger: RunLedger) -> Iterator[tuple[Path, list[dict[str, Any]]]]:

@@ -83,8 +83,11 @@ class AdapterCache:
         if entry in self._errors:
             raise MaskcheckFailure(self._errors[entry])
         if entry not in self._adapters:
+            from .host_state import as_guest
+
             try:
-                self._adapters[entry] = load(entry, options)
+                with as_guest():  # building a model seeds torch; the host's random state stays its own
+                    self._adapters[entry] = load(entry, options)
             except Exception as exc:
                 self._errors[entry] = f"cannot load {entry.name}: {exc}"
                 raise MaskcheckFailure(self._errors[entry]) from None
@@ -111,12 +114,18 @@ def run_suite_test(
     ``with_padding``: the padding suite is among this model's tests, so its batch_composition
     check (which decides whether cases share forwards) runs before the first suite this
     process audits, once per model, and the padding test reports that same run."""
-    from ..audits.runner import audit
-    from ..engine.verdict import FAILING
-    from .run_report import write_result
-    from .threads import apply_thread_setting, parse_threads
+    from .host_state import as_guest
+    from .threads import audit_threads, parse_threads
 
-    apply_thread_setting(parse_threads(options.threads))
+    with as_guest(audit_threads(parse_threads(options.threads))):
+        result = _audit_one(adapter, suite, options, slug, with_padding)
+    return _report_verdict(result, adapter, suite, item)
+
+
+def _audit_one(adapter: Any, suite: str, options: RunOptions, slug: str, with_padding: bool) -> Any:
+    from ..audits.runner import audit
+    from .run_report import write_result
+
     report_dir = options.report_dir / slug if options.report_dir is not None else None
     result = audit(
         adapter,
@@ -133,10 +142,17 @@ def run_suite_test(
         batch_cases=True if with_padding else None,
         paths=options.paths,
     )
-    suite_result = result.suites[0]
     if report_dir is not None:
         # One file per test: pytest-xdist workers never write the same file; the controller merges them.
         write_result(report_dir, suite, result.to_dict(), RUN_ID)
+    return result
+
+
+def _report_verdict(result: Any, adapter: Any, suite: str, item: Any) -> Any:
+    """Skip, warn or fail the calling test as the audit's verdict says."""
+    from ..engine.verdict import FAILING
+
+    suite_result = result.suites[0]
     if item is not None:
         for check in suite_result.checks:
             for key in ("max_diff", "floor", "threshold"):
@@ -150,8 +166,32 @@ def run_suite_test(
         raise MaskcheckFailure(verdict_text(result))
     for check in suite_result.checks:
         if check.status == "warn":
-            warnings.warn(MaskcheckWarning(f"{adapter.spec} {suite}/{check.name}: {check.message}"), stacklevel=2)
+            filename, lineno = warning_location(item, adapter.spec)
+            warnings.warn_explicit(
+                MaskcheckWarning(f"maskcheck {suite}/{check.name} on {adapter.spec}: {check.message}"),
+                MaskcheckWarning,
+                filename,
+                lineno,
+            )
     return result
+
+
+def warning_location(item: Any, spec: str) -> tuple[str, int]:
+    """Where a warning about ``spec`` points: the line of the host's configuration that names
+    it (pyproject.toml or the ini file), else the test's own file; never maskcheck's code."""
+    config = getattr(item, "config", None)
+    inipath = getattr(config, "inipath", None)
+    if inipath is not None:
+        try:
+            for number, line in enumerate(Path(inipath).read_text().splitlines(), start=1):
+                if spec in line:
+                    return str(inipath), number
+        except OSError:
+            pass
+    path = getattr(item, "path", None)
+    if path is not None and Path(path).is_file():
+        return str(path), 1
+    return str(inipath or "maskcheck"), 1
 
 
 def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:

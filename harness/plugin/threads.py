@@ -11,8 +11,8 @@ fair share of the cores instead, unless the user said otherwise:
 | ``keep`` | leave torch's thread count alone |
 | ``N`` | ``torch.set_num_threads(N)`` |
 
-The setting is process-wide: the host repo's own tests that run after a maskcheck test in
-the same worker see it too.
+The count holds only while a maskcheck test runs: it is restored afterwards
+(``harness/plugin/host_state.py``), so the host repo's own tests see the threads they had.
 """
 
 from __future__ import annotations
@@ -68,17 +68,8 @@ def xdist_workers(environ: Mapping[str, str] = os.environ) -> int:
     return int(count) if count.isdigit() else 1
 
 
-_applied = False
-
-
-def apply_thread_setting(setting: str | int) -> None:
-    """Apply ``setting`` once per process, before the first audit's first forward."""
-    global _applied
-    if _applied:
-        return
-    _applied = True
+def audit_threads(setting: str | int) -> int | None:
+    """The thread count for a maskcheck test in this process, or None to leave torch's."""
     import torch
 
-    chosen = threads_to_use(setting, torch.get_num_threads(), usable_cores(), xdist_workers(), os.environ)
-    if chosen is not None:
-        torch.set_num_threads(chosen)
+    return threads_to_use(setting, torch.get_num_threads(), usable_cores(), xdist_workers(), os.environ)

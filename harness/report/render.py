@@ -134,6 +134,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"**Verdict: {STATUS_MARK[status]}**"
         + ("" if report.get("complete", True) else f" (did not run: {', '.join(report.get('not_run', []))})"),
         "",
+        *([f"> **Stale:** {report['stale']}", ""] if report.get("stale") else []),
+        *([f"Run `{report['run_id']}`, started {report.get('started', '?')}.", ""] if report.get("run_id") else []),
         "| environment | |",
         "|---|---|",
         *[f"| {key} | {value} |" for key, value in report["environment"].items() if key != "paths"],
@@ -240,6 +242,17 @@ def write_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(text)
     os.replace(temporary, path)
+
+
+GITIGNORE = "# written by maskcheck: reports and reproduction bundles of this machine's runs\n*\n"
+
+
+def keep_out_of_git(directory: str | Path) -> None:
+    """Give a report directory a ``.gitignore`` that ignores it all, as pytest does for its
+    cache, unless it has one already (the user's own, kept as it is)."""
+    directory = Path(directory)
+    if directory.is_dir() and not (directory / ".gitignore").exists():
+        (directory / ".gitignore").write_text(GITIGNORE)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

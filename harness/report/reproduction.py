@@ -204,6 +204,7 @@ class FailedCheck:
     case: Any
     outcome: Outcome
     path: str = "canonical"  # the call path it failed on (harness/adapters/paths.py)
+    message: str | None = None  # the audit's last word on it (after the suite's conclude); None: the outcome's
 
 
 def write_bundle(
@@ -229,8 +230,11 @@ def write_bundle(
                 "path": failure.path,
                 "case": case_record(failure.case),
                 "outcome": {
-                    k: getattr(failure.outcome, k)
-                    for k in ("status", "max_diff", "floor", "threshold", "positions", "message")
+                    **{
+                        k: getattr(failure.outcome, k)
+                        for k in ("status", "max_diff", "floor", "threshold", "positions", "message")
+                    },
+                    "message": failure.message or failure.outcome.message,
                 },
                 "inputs": sorted(set(recorder.tensors) - before),
                 "hypothesis_blob": failure.outcome.detail.get("hypothesis_blob"),
@@ -382,18 +386,36 @@ def _renamed_case_type(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay(path: str | Path, model: Any = None, device: str | None = None) -> list[ReplayResult]:
-    """Replay every failing check of a bundle, on its own model or on ``model`` (spec, object or adapter)."""
+    """Replay every failing check of a bundle, on its own model or on ``model`` (spec, object
+    or adapter), and let the suite revise their verdicts as the audit did (its ``conclude``:
+    one check's result can explain another's), so a replay tells the audit's story."""
     data = load_bundle(path)
     adapter = _adapter_for_replay(data, model, device)
-    return [_replay_one(data, record, adapter) for record in data["checks"]]
+    results = [_replay_one(data, record, adapter) for record in data["checks"]]
+    _conclude(data["suite"], results)
+    return results
 
 
 def replay_check(path: str | Path, check: str, model: Any = None, device: str | None = None) -> ReplayResult:
+    """One check of a bundle, replayed beside the others (their results can revise its verdict)."""
     data = load_bundle(path)
-    record = next((r for r in data["checks"] if r["check"] == check), None)
-    if record is None:
+    if not any(r["check"] == check for r in data["checks"]):
         raise BundleError(f"{path}: no check {check!r} in the bundle (has {[r['check'] for r in data['checks']]})")
-    return _replay_one(data, record, _adapter_for_replay(data, model, device))
+    return next(r for r in replay(path, model, device) if r.check == check)
+
+
+def _conclude(suite_name: str, results: list[ReplayResult]) -> None:
+    """The suite's ``conclude`` over replayed results, its revisions copied back."""
+    from ..engine.registry import load_suite
+    from ..engine.verdict import CheckResult
+
+    checks = [
+        CheckResult(r.check, r.status, r.message, caveat=r.outcome.caveat if r.outcome is not None else None)
+        for r in results
+    ]
+    load_suite(suite_name).conclude(checks)
+    for result, check in zip(results, checks):
+        result.status, result.message = check.status, check.message
 
 
 def replay_model(path: str | Path, model: Any = None, device: str | None = None) -> Adapter:
@@ -471,6 +493,8 @@ def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) 
         raise BundleError(f"suite {data['suite']} has no check {record['check']!r} for {adapter.spec}")
     outcome = checks[record["check"]].outcome(case)
     message = outcome.message or f"max |d log p| = {outcome.max_diff:.3g} <= threshold {outcome.threshold:.3g}"
+    if path != CANONICAL.name and outcome.status == "fail":  # as the audit words a failure on another path
+        message = f"on the {path} path ({PATHS[path].description}): {message}"
     return ReplayResult(
         data["suite"], record["check"], outcome.status, message, recorded_message, adapter.spec, note, outcome
     )
