@@ -98,7 +98,7 @@ def future_cases(
     ``max_length`` tokens, or up to ``longest`` in about half the cases."""
     source_lengths = st.integers(1, max_length) if encoder_decoder else st.just(1)
     paddings = st.integers(0, 3) if takes_mask else st.just(0)
-    return _future_case(short_or_long(2, max_length, longest or max_length), source_lengths, paddings)
+    return _future_case(short_or_long(2, max_length, longest), source_lengths, paddings)
 
 
 def model_length(capabilities: Capabilities, cap: int) -> int:
@@ -137,12 +137,12 @@ class CausalSuite(Suite):
         if caps.family != "encoder":
             length = model_length(caps, MAX_LENGTH)
             room = 3 if caps.takes_attention_mask and length > 5 else 0  # for the padded slots
-            longest = length_cap(context.profile, caps.max_length)
+            longest = length_cap(context.profile, caps.max_length)  # None: no declared context, short cases only
             cases = future_cases(
                 length - room,
                 caps.family == "encoder_decoder",
                 caps.takes_attention_mask,
-                max(length, longest) - room,
+                None if longest is None else max(length, longest) - room,
             )
             checks.append(Check("future_tokens", lambda case: self.future_tokens(adapter, context, case), cases))
             checks.append(

@@ -69,7 +69,7 @@ def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None
     """Up to three rows of up to ``max_length`` real tokens, or up to ``longest`` in about half the draws."""
     return case_strategy(
         PaddedCase,
-        lengths=st.lists(short_or_long(1, max_length, longest or max_length), min_size=1, max_size=3),
+        lengths=st.lists(short_or_long(1, max_length, longest), min_size=1, max_size=3),
         extra=st.integers(min_extra, 4),
         side=st.sampled_from(["right", "left"]),
         seed=st.integers(0, 2**16),
@@ -111,7 +111,8 @@ class PaddingSuite(Suite):
         caps = adapter.capabilities
         longest = max(2, min(MAX_LENGTH, (caps.max_length or MAX_LENGTH) - 4))
         batches = RowBatches(adapter)
-        long_rows = max(longest, length_cap(context.profile, caps.max_length) - 4)  # room for the padding
+        cap = length_cap(context.profile, caps.max_length)  # None: no declared context, short rows only
+        long_rows = None if cap is None else max(longest, cap - 4)  # room for the padding
         padded = padded_cases(longest, longest=long_rows)  # one strategy object: these checks share its draws
         checks = [
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),

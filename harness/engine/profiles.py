@@ -120,12 +120,15 @@ def without_local_constants() -> Iterator[None]:
 #: The longest sequence a case may have, per profile, within the model's declared context:
 #: a full forward compares every position of a case at once, so long cases cost tokens, not
 #: forwards. Cached decoding steps token by token, so it has a cap of its own.
-LENGTH_CAPS = {"dev": 256, "ci": 512, "thorough": 4096}
-CACHE_LENGTH_CAPS = {"dev": 64, "ci": 128, "thorough": 512}
+LENGTH_CAPS = {"dev": 128, "ci": 256, "thorough": 4096}
+CACHE_LENGTH_CAPS = {"dev": 48, "ci": 96, "thorough": 512}
 
 
-def length_cap(profile: str, max_length: int | None, cached: bool = False) -> int:
-    """The longest case length for ``profile`` on a model whose context is ``max_length``
-    (None: unknown, taken as the cap)."""
+def length_cap(profile: str, max_length: int | None, cached: bool = False) -> int | None:
+    """The longest case length for ``profile`` on a model whose context is ``max_length``;
+    None for a model that declares no context, which runs the short cases only (a length
+    past its position table would be an error of the audit's, not the model's)."""
+    if max_length is None:
+        return None
     cap = (CACHE_LENGTH_CAPS if cached else LENGTH_CAPS).get(profile, LENGTH_CAPS["dev"])
-    return cap if max_length is None else max(1, min(cap, max_length))
+    return max(1, min(cap, max_length))

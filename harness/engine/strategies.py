@@ -40,13 +40,16 @@ def case_strategy(case_type: Callable[..., CaseT], **fields: st.SearchStrategy[A
     return _fields(case_type, tuple(fields.items()))
 
 
-def short_or_long(low: int, short: int, longest: int) -> st.SearchStrategy[int]:
-    """A length from ``low .. short`` or, where ``longest`` allows, from ``short + 1 .. longest``,
-    the two about equally often: one pair of forwards at length L tests every earlier
-    position at once, so a mask wrong only in long sequences is seen, while short cases keep
-    the search cheap. Shrinking tries the short branch first, so a failure that holds in a
-    short sequence is reported short."""
+def short_or_long(low: int, short: int, longest: int | None) -> st.SearchStrategy[int]:
+    """A length from ``low .. short`` or, where ``longest`` allows, from ``short + 1 .. longest``
+    in about one draw in four: one pair of forwards at length L tests every earlier position
+    at once, so a mask wrong only in long sequences is seen, while the short cases keep the
+    search cheap (a long case costs its tokens). Shrinking tries the short branch first, so
+    a failure that holds in a short sequence is reported short. ``longest`` None: short only."""
+    if longest is None:
+        return st.integers(low, max(low, short))
     short = max(low, min(short, longest))
     if longest <= short:
         return st.integers(low, short)
-    return st.one_of(st.integers(low, short), st.integers(short + 1, longest))
+    brief = st.integers(low, short)
+    return st.one_of(brief, brief, brief, st.integers(short + 1, longest))

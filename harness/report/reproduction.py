@@ -93,6 +93,10 @@ class RecordingAdapter:
         self._keep("layers", None, input_ids=input_ids)
         return self._adapter.layer_attention_masks(input_ids)
 
+    def input_gradients(self, batch: Batch, outputs: Any, seed: int) -> Any:
+        self._keep("gradients", batch, outputs=outputs)
+        return self._adapter.input_gradients(batch, outputs, seed)
+
     def on_path(self, path: Any) -> "RecordingAdapter":
         return RecordingAdapter(self._adapter.on_path(path), self.tensors)
 
