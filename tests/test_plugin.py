@@ -289,6 +289,36 @@ def test_a_key_of_a_newer_maskcheck_is_a_warning_not_an_error(pytester: pytest.P
     assert "'future_knob' is not known to this maskcheck and is ignored" in result.stdout.str()
 
 
+INTERRUPTING_CONFTEST = """
+import os
+
+import maskcheck.harness.plugin.run_report as run_report
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("INTERRUPT_AT") == "merge":  # Ctrl-C pressed again while the reports merge
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+        run_report.merge_run = interrupted
+
+
+def pytest_runtest_call(item):
+    if os.environ.get("INTERRUPT_AT") == "audit" and "maskcheck" in item.keywords:
+        raise KeyboardInterrupt  # Ctrl-C during an audit
+"""
+
+
+@pytest.mark.parametrize("moment", ["audit", "merge"])
+def test_an_interrupt_is_always_pytests_interrupted(
+    requiring_repo: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """Ctrl-C under pytest exits with pytest's INTERRUPTED (2) whenever it comes, never 130 (the CLI's)."""
+    requiring_repo.makeconftest(INTERRUPTING_CONFTEST)
+    monkeypatch.setenv("INTERRUPT_AT", moment)
+    result = requiring_repo.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, (result.ret, result.stdout.str()[-1500:])
+
+
 def test_deselected_models_are_named_and_counts_stay_positive(fake_repo: pytest.Pytester) -> None:
     result = fake_repo.runpytest_subprocess("-p", "no:xdist", "-k", "causal and good")
     out = result.stdout.str()

@@ -436,7 +436,13 @@ class RunTracker:
             return
         ledger = self.ledger or RunLedger(testing.RUN_ID, run_options(self.config).report_dir)
         stopped = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop) or bool(session.shouldfail)
-        self.reports = [json.loads(path.read_text()) for path in merge_run(ledger, run_complete=not stopped)]
+        try:
+            self.reports = [json.loads(path.read_text()) for path in merge_run(ledger, run_complete=not stopped)]
+        except KeyboardInterrupt:
+            # A second Ctrl-C while the reports merge: the run stays pytest's INTERRUPTED (2), not
+            # an uncaught interrupt (130); the result files stay for the next run to replace.
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            return
         line = self.ledger.summary() if self.ledger is not None else None
         if line and require_applies(self.config):
             self.required = line
