@@ -1,22 +1,27 @@
 """Mutation score: seeded bugs caught by their suite, and false positives on clean models.
 
-    python scripts/mutation_score.py        (or: make mutation-score)
+    python scripts/mutation_score.py [--dtype bfloat16]       (or: make mutation-score)
 
 Every seeded bug in reference_models/mutants.py must fail the suite named after it,
 on the check it records; every clean model (reference presets, tiny Hugging Face
 models under eager and sdpa) must fail no suite. Exits 1 unless the score is 100%
-with zero false positives.
+with zero false positives. ``--dtype`` runs every model, seeded and clean, in that dtype
+(the thresholds follow it).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 import warnings
 
 warnings.filterwarnings("ignore")
 
+import torch
+
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.adapters.specs import LoadOptions
 from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
@@ -24,12 +29,16 @@ from maskcheck.reference_models.mutants import MUTANTS
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    args = parser.parse_args()
+    options = LoadOptions(dtype=args.dtype)
     started = time.perf_counter()
     suites = suite_names()
-    print(f"Seeded bugs ({len(MUTANTS)}):")
+    print(f"Seeded bugs ({len(MUTANTS)}){' in ' + args.dtype if args.dtype else ''}:")
     caught = 0
     for name, mutant in MUTANTS.items():
-        result = audit(f"mutant:{name}", [mutant.suite])
+        result = audit(f"mutant:{name}", [mutant.suite], options=options)
         check = next((c for c in result.suite(mutant.suite).checks if c.name == mutant.check), None)
         hit = check is not None and check.status == "fail"
         caught += hit
@@ -42,8 +51,11 @@ def main() -> int:
         (f"hf:{n}/{impl}", (n, impl)) for n in TINY_CONFIGS for impl in ("eager", "sdpa")
     ]
     for label, target in clean:
-        model = target if isinstance(target, str) else HFAdapter(tiny_model(*target))
-        result = audit(model, suites)
+        if isinstance(target, str):
+            result = audit(target, suites, options=options)
+        else:
+            model = tiny_model(*target)
+            result = audit(HFAdapter(model.to(getattr(torch, args.dtype)) if args.dtype else model), suites)
         bad = [
             f"{s.name}/{c.name}" for s in result.suites for c in s.checks if c.status in ("fail", "error", "not_run")
         ]

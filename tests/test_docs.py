@@ -75,8 +75,14 @@ def run(command: str, cwd: Path, path: str | None = None) -> subprocess.Complete
 WRITING_A_SUITE = ROOT / "docs" / "writing-a-suite.md"  # its commands need its suite registered: tested below
 
 
+#: pages whose commands take a minute or more: run by make test-slow
+SLOW_PAGES = ("suites.md", "probes.md")
+
+
 @pytest.mark.parametrize(
-    "page", [p for p in PAGES if p != WRITING_A_SUITE], ids=[p.name for p in PAGES if p != WRITING_A_SUITE]
+    "page",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p for p in PAGES if p != WRITING_A_SUITE],
+    ids=[p.name for p in PAGES if p != WRITING_A_SUITE],
 )
 def test_every_documented_command_runs(page: Path, workdir: Path) -> None:
     for command, expected in documented_commands(page):

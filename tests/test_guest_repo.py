@@ -29,7 +29,7 @@ assert OWNER == "host"
 """
 
 
-@pytest.mark.parametrize("with_conftest", [False, True])
+@pytest.mark.parametrize("with_conftest", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_host_packages_named_like_ours_keep_working(pytester: pytest.Pytester, with_conftest: bool) -> None:
     for package in ("harness", "suites", "reference_models"):
         pytester.mkpydir(package).joinpath("__init__.py").write_text('OWNER = "host"\n')

@@ -470,7 +470,10 @@ def pytest_runtest_teardown(item):
 """
 
 
-@pytest.mark.parametrize("setting, expected", [("auto", "share"), ("keep", "default"), ("1", "1")])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [("auto", "share"), pytest.param("keep", "default", marks=pytest.mark.slow), ("1", "1")],
+)
 def test_each_worker_audits_with_a_fair_share_of_threads_and_gives_them_back(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, setting: str, expected: str
 ) -> None:

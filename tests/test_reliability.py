@@ -207,6 +207,7 @@ def test_same_spec_seed_and_profile_give_the_same_report() -> None:
     assert stripped("mutant:packing_boundary_off_by_one") == stripped("mutant:packing_boundary_off_by_one")
 
 
+@pytest.mark.slow  # a minute: the serial and the -n 2 plugin runs of four models; test_plugin covers -n 2
 def test_parallel_plugin_run_gives_the_serial_verdicts(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
     verdicts = []

@@ -24,17 +24,42 @@ from maskcheck.harness.report.reproduction import (
 from maskcheck.reference_models import ModelConfig, Transformer, save_checkpoint
 from maskcheck.reference_models.mutants import MUTANTS, build, build_clean
 
+#: the seeded bugs whose bundles CI writes and replays: the first of each suite and the ones
+#: caught on another call path than the canonical one; make test-slow writes and replays a
+#: bundle of every bug of the catalogue
+BUNDLED = sorted(
+    {next(n for n, m in sorted(MUTANTS.items()) if m.suite == suite) for suite in {m.suite for m in MUTANTS.values()}}
+    | {"module_mha_window_hint", "hf_llama_mask_dropped_default_cache", "scratch_backward_leak"}
+    | {"kv_cache_chunk_sees_its_future", "padding_mask_ignored"}  # replayed by name below
+)
 
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One bundle per seeded bug, each audited with its own suite only."""
-    root = tmp_path_factory.mktemp("bundles")
+
+def write_bundles(root: Path, names: list[str]) -> dict[str, Path]:
     written = {}
-    for name, mutant in MUTANTS.items():
+    for name in names:
+        mutant = MUTANTS[name]
         result = audit(f"mutant:{name}", [mutant.suite], bundle_dir=root / name)
         written[name] = Path(result.suite(mutant.suite).reproduction)
         AUDIT_MESSAGES[name] = {c.name: c.message for c in result.suite(mutant.suite).checks if c.status == "fail"}
     return written
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One bundle per seeded bug of BUNDLED, each audited with its own suite only."""
+    return write_bundles(tmp_path_factory.mktemp("bundles"), BUNDLED)
+
+
+@pytest.mark.slow  # the whole catalogue: about two minutes
+def test_every_seeded_bug_writes_a_bundle_whose_replay_tells_the_audits_story(tmp_path: Path) -> None:
+    written = write_bundles(tmp_path, sorted(MUTANTS))
+    for name, path in written.items():
+        assert (path / "case.json").is_file() and (path / "inputs.safetensors").stat().st_size > 0, name
+        replayed = {r.check: (r.status, r.message) for r in replay(path)}
+        assert replayed and all(status == "fail" for status, _ in replayed.values()), (name, replayed)
+        assert {check: message for check, (_, message) in replayed.items()} == {
+            check: AUDIT_MESSAGES[name].get(check) for check in replayed
+        }, name
 
 
 #: seeded bug -> failing check -> the audit's message, filled by the bundles fixture
@@ -282,6 +307,7 @@ def pytest_maskcheck_models(config):
 """
 
 
+@pytest.mark.slow  # a minute of plugin runs; the module-spec replay stays in CI
 def test_hook_models_replay_by_name_and_a_closure_says_what_to_do(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

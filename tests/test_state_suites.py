@@ -184,12 +184,14 @@ def norm_checks(spec_or_model, **overrides) -> dict:  # type: ignore[no-untyped-
     return {c.name: c for c in suite.checks}
 
 
+@pytest.mark.slow  # trains two small models first (about a minute)
 @pytest.mark.parametrize("layout", ["pre", "post"])
 def test_trained_checkpoint_passes_under_its_own_layout(trained_checkpoints, layout: str) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints[layout]}")
     assert [checks[n].status for n in ("metadata", "fingerprint", "behaviour")] == ["pass"] * 3, checks
 
 
+@pytest.mark.slow  # trains two small models first (about a minute)
 @pytest.mark.parametrize("layout,other", [("pre", "post"), ("post", "pre")])
 def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkpoints, layout: str, other: str) -> None:  # type: ignore[no-untyped-def]
     """No metadata, no fingerprint: the weights in memory, declared under the wrong layout."""
@@ -206,6 +208,7 @@ def test_behaviour_alone_identifies_the_layout_of_trained_weights(trained_checkp
     assert f"not the declared layout norm_layout={other}" in behaviour.message
 
 
+@pytest.mark.slow  # trains two small models first (about a minute)
 def test_override_forcing_another_layout_fails_with_every_kind_of_evidence(trained_checkpoints) -> None:  # type: ignore[no-untyped-def]
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", norm_layout="post")
     assert {n: c.status for n, c in checks.items()} == {
@@ -222,6 +225,7 @@ def test_override_forcing_another_layout_fails_with_every_kind_of_evidence(train
     assert checks["behaviour"].message.startswith("the weights fit norm_layout=pre")
 
 
+@pytest.mark.slow  # trains two small models first (about a minute)
 def test_position_scheme_mismatch_is_caught(trained_checkpoints) -> None:  # type: ignore[no-untyped-def]
     """Rotary weights loaded as learned-absolute: the position table is missing and keeps its init."""
     checks = norm_checks(f"ref:{trained_checkpoints['pre']}", position="learned")
@@ -255,6 +259,7 @@ def test_a_hugging_face_model_object_has_behaviour_evidence_only() -> None:
     assert checks["behaviour"].status == "warn" and checks["behaviour"].message.startswith("inconclusive")
 
 
+@pytest.mark.slow  # trains two small models first (about a minute)
 @pytest.mark.parametrize(
     "field,value", [("final_norm", "false"), ("norm", "rmsnorm"), ("position", "alibi"), ("norm_layout", "post")]
 )
