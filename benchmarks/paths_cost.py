@@ -77,8 +77,12 @@ def baseline_tree(revision: str, scratch: Path) -> str:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision], check=True,
                    capture_output=True)  # fmt: skip
     shadow = scratch / "shadow"
-    shadow.mkdir()
-    (shadow / "maskcheck").symlink_to(tree)
+    package = shadow / "maskcheck"  # laid out as pyproject.toml's package-dir maps the folders
+    package.mkdir(parents=True)
+    for item in (tree / "maskcheck").iterdir():
+        (package / item.name).symlink_to(item)
+    for folder in ("harness", "suites", "reference_models"):
+        (package / folder).symlink_to(tree / folder)
     return str(shadow)
 
 

@@ -186,7 +186,12 @@ def gradient_check(adapter: Adapter, name: str, evaluate: Callable[[Any], Outcom
     if adapter.embedding_module() is None:
         reason = "the model has no nn.Embedding whose output can be differentiated (name one in maskcheck_embedding)"
         return CheckResult(name, "not_applicable", reason)
-    return Check(name, evaluate, cases, on_paths=False, path=TRAINING_BACKWARD.name)
+    return Check(name, evaluate, cases, max_examples=GRADIENT_CASES, on_paths=False, path=TRAINING_BACKWARD.name)
+
+
+#: Cases a gradient check draws: each is a forward and a backward, and a masked gradient is
+#: exactly zero or not, so a few cases of the drawn structure (padding side, lengths) suffice.
+GRADIENT_CASES = 5
 
 
 def gradient_outcome(

@@ -74,7 +74,7 @@ def examples_of(profile: str) -> int:
 
 #: Cases a check draws on each call path besides the canonical one (harness/adapters/paths.py):
 #: ``dev`` and ``ci`` sample every path with a few, ``thorough`` gives each path its full count.
-PATH_EXAMPLES = {"dev": 2, "ci": 3, "thorough": None}
+PATH_EXAMPLES = {"dev": 2, "ci": 2, "thorough": None}
 
 
 def path_examples_of(profile: str, examples: int) -> int:
