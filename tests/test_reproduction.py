@@ -51,6 +51,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.slow  # the whole catalogue: about two minutes
+@pytest.mark.call_paths  # the path bugs fail only on their paths
 def test_every_seeded_bug_writes_a_bundle_whose_replay_tells_the_audits_story(tmp_path: Path) -> None:
     written = write_bundles(tmp_path, sorted(MUTANTS))
     for name, path in written.items():
