@@ -35,6 +35,11 @@ class Mutant:
     clean: Callable[[], Any]  # the same model without the bug
 
 
+def _doc(described: Any) -> str:
+    """The docstring of a bug's class or factory, on one line: the mutant's description."""
+    return " ".join((described.__doc__ or "").split())
+
+
 def _reference(config: ModelConfig, **swaps: type) -> Transformer:
     """A random-init reference model (seed 0) with some submodules' classes swapped."""
     torch.manual_seed(0)
@@ -488,9 +493,13 @@ def _ref(
     name: str, suite: str, check: str, config: ModelConfig, description: str | None = None, **swaps: type
 ) -> Mutant:
     """A reference-model mutant; its clean twin is the same config without the swap."""
-    doc = description or next(iter(swaps.values())).__doc__ or ""
     return Mutant(
-        name, suite, check, " ".join(doc.split()), lambda: _reference(config, **swaps), lambda: _reference(config)
+        name,
+        suite,
+        check,
+        " ".join(description.split()) if description else _doc(next(iter(swaps.values()))),
+        lambda: _reference(config, **swaps),
+        lambda: _reference(config),
     )
 
 
@@ -589,7 +598,7 @@ MUTANTS: dict[str, Mutant] = {
             "kv_cache_cross_from_decoder_states",
             "kv_cache",
             "incremental",
-            " ".join((CrossFromDecoderStates.__doc__ or "").split()),
+            _doc(CrossFromDecoderStates),
             _cross_from_decoder_states,
             lambda: _reference(ENCODER_DECODER),
         ),
@@ -597,7 +606,7 @@ MUTANTS: dict[str, Mutant] = {
             "module_cache_step_reads_padding",
             "kv_cache",
             "greedy_generation",
-            " ".join((StepReadsPadding.__doc__ or "").split()),
+            _doc(StepReadsPadding),
             lambda: plain_decoder(buggy=True),
             plain_decoder,
         ),
@@ -621,7 +630,7 @@ MUTANTS: dict[str, Mutant] = {
             "module_state_cache_position_off_by_one",
             "kv_cache",
             "incremental",
-            " ".join((StepPositionOffByOne.__doc__ or "").split()) + " (a model that takes no mask)",
+            _doc(StepPositionOffByOne) + " (a model that takes no mask)",
             StepPositionOffByOne,
             ScratchDecoder,
         ),
@@ -645,7 +654,7 @@ MUTANTS: dict[str, Mutant] = {
             "module_mha_window_hint",
             "causal",
             "declared_pattern",
-            " ".join((WindowedMHADecoder.__doc__ or "").split())
+            _doc(WindowedMHADecoder)
             + " (exact under inference mode; the window is dropped when called without a mask with gradients on)",
             lambda: WindowedMHADecoder(is_causal_hint=True),
             lambda: WindowedMHADecoder(is_causal_hint=False),
@@ -654,8 +663,7 @@ MUTANTS: dict[str, Mutant] = {
             "module_encoder_window_dropped_with_grad",
             "causal",
             "declared_pattern",
-            " ".join((WindowedEncoderDecoder.__doc__ or "").split())
-            + " (the window holds under inference mode and is dropped with gradients on)",
+            _doc(WindowedEncoderDecoder) + " (the window holds under inference mode and is dropped with gradients on)",
             lambda: WindowedEncoderDecoder(is_causal_hint=True),
             lambda: WindowedEncoderDecoder(is_causal_hint=False),
         ),
@@ -663,7 +671,7 @@ MUTANTS: dict[str, Mutant] = {
             "scratch_backward_leak",
             "causal",
             "future_gradients",
-            " ".join((BackwardLeakDecoder.__doc__ or "").split()),
+            _doc(BackwardLeakDecoder),
             BackwardLeakDecoder,
             ScratchDecoder,
         ),
@@ -671,7 +679,7 @@ MUTANTS: dict[str, Mutant] = {
             "hf_llama_mask_dropped_default_cache",
             "padding",
             "pad_ids",
-            " ".join((_llama_mask_dropped.__doc__ or "").split()),
+            _doc(_llama_mask_dropped),
             _llama_mask_dropped,
             lambda: _tiny_hf("llama", "sdpa"),
         ),
@@ -679,7 +687,7 @@ MUTANTS: dict[str, Mutant] = {
             "bf16_faint_next_token",
             "causal",
             "future_tokens",
-            " ".join((FaintNextToken.__doc__ or "").split()) + " (the model in bfloat16)",
+            _doc(FaintNextToken) + " (the model in bfloat16)",
             lambda: bfloat16(FaintNextToken()),
             lambda: bfloat16(ScratchDecoder()),
         ),
