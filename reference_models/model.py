@@ -38,7 +38,8 @@ class KVCache:
 
     ``keys``/``values`` per layer ``[B, Hkv, T, Dh]`` (keys already rotated);
     ``key_real [B, T]`` (True at real tokens) and ``positions [B, T]`` of the cached tokens;
-    ``last_embedding [B, 1, D]`` for token shift; for encoder-decoders the
+    ``token_embeddings [B, T, D]`` of the cached tokens for token shift, which reads the
+    last one (``[B, 0, D]`` without token shift); for encoder-decoders the
     cross-attention keys/values, computed once from the source, and ``source_real [B, S]``
     (True at real source tokens).
     """
@@ -47,7 +48,7 @@ class KVCache:
     values: tuple[Tensor, ...]
     key_real: Tensor
     positions: Tensor
-    last_embedding: Tensor
+    token_embeddings: Tensor
     cross_keys: tuple[Tensor, ...] | None = None
     cross_values: tuple[Tensor, ...] | None = None
     source_real: Tensor | None = None
@@ -55,6 +56,36 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.key_real.shape[1]
+
+    def without_last(self, tokens: int) -> "KVCache":
+        """The cache before its last ``tokens`` tokens (rejected draft tokens rolled back)."""
+        keep = self.length - tokens
+        return replace(
+            self,
+            keys=tuple(k[:, :, :keep] for k in self.keys),  # [B, Hkv, T - n, Dh]
+            values=tuple(v[:, :, :keep] for v in self.values),
+            key_real=self.key_real[:, :keep],
+            positions=self.positions[:, :keep],
+            token_embeddings=self.token_embeddings[:, :keep],
+        )
+
+    def rows(self, index: Tensor) -> "KVCache":
+        """The cache whose row ``i`` is this one's row ``index[i]`` (beam search, dropped rows)."""
+
+        def pick(t: Tensor) -> Tensor:
+            return t.index_select(0, index.to(t.device))
+
+        crossed = self.cross_keys is not None
+        return KVCache(
+            tuple(pick(k) for k in self.keys),
+            tuple(pick(v) for v in self.values),
+            pick(self.key_real),
+            pick(self.positions),
+            pick(self.token_embeddings),
+            tuple(pick(k) for k in self.cross_keys) if crossed else None,  # type: ignore[union-attr]
+            tuple(pick(v) for v in self.cross_values) if crossed else None,  # type: ignore[union-attr]
+            pick(self.source_real) if self.source_real is not None else None,
+        )
 
 
 @dataclass
@@ -134,7 +165,8 @@ class Stack(nn.Module):
     def embed_tokens(
         self, input_ids: Tensor, positions: Tensor, real: Tensor, segments: Tensor | None, cache: KVCache | None
     ) -> tuple[Tensor, Tensor]:
-        """Token embedding plus absolute positions and token shift; returns (x, last token embedding)."""
+        """Token embedding plus absolute positions and token shift; returns (x, the token
+        embeddings a cache keeps: ``[B, T, D]`` with token shift, ``[B, 0, D]`` without)."""
         tokens = self.embed(input_ids)  # [B, T, D]
         x = tokens
         if self.config.position == "learned":
@@ -143,7 +175,7 @@ class Stack(nn.Module):
             x = x + self.sinusoid[positions].to(x.dtype)
         if self.config.token_shift:
             x = x + self.shift_proj(self.previous_tokens(tokens, real, segments, cache))
-        return x, tokens[:, -1:]
+        return x, tokens if self.config.token_shift else tokens[:, :0]
 
     def previous_tokens(self, tokens: Tensor, real: Tensor, segments: Tensor | None, cache: KVCache | None) -> Tensor:
         """Each position's previous token embedding, zero where that token is padding,
@@ -152,7 +184,7 @@ class Stack(nn.Module):
             first = torch.zeros_like(tokens[:, :1])
             first_real = torch.zeros_like(real[:, :1])
         else:
-            first, first_real = cache.last_embedding, cache.key_real[:, -1:]
+            first, first_real = cache.token_embeddings[:, -1:], cache.key_real[:, -1:]
         previous = torch.cat([first, tokens[:, :-1]], dim=1)  # [B, T, D]
         new_padding = real[:, -tokens.shape[1] :]  # [B, T]
         keep = torch.cat([first_real, new_padding[:, :-1]], dim=1)  # [B, T]: previous token is real
@@ -191,7 +223,9 @@ class Stack(nn.Module):
         """``padding [B, T_past + T]`` True at real tokens; ``positions [B, T]`` of the new tokens."""
         batch, length = input_ids.shape
         past_length = 0 if cache is None else cache.length
-        x, last_embedding = self.embed_tokens(input_ids, positions, real, segments, cache)
+        x, embeddings = self.embed_tokens(input_ids, positions, real, segments, cache)
+        if cache is not None and cache.keys:
+            embeddings = torch.cat([cache.token_embeddings, embeddings], dim=1)  # [B, T_past + T, D]
         device = input_ids.device
         q_index = torch.arange(past_length, past_length + length, device=device)
         k_index = torch.arange(past_length + length, device=device)
@@ -210,7 +244,7 @@ class Stack(nn.Module):
             values.append(v)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        new_cache = KVCache(tuple(keys), tuple(values), real, all_positions, last_embedding)
+        new_cache = KVCache(tuple(keys), tuple(values), real, all_positions, embeddings)
         return x, new_cache
 
 
@@ -357,7 +391,7 @@ class Transformer(nn.Module):
             values=(),
             key_real=empty,
             positions=empty,
-            last_embedding=empty,
+            token_embeddings=empty,
             cross_keys=tuple(k for k, _ in projected),
             cross_values=tuple(v for _, v in projected),
             source_real=source_real,

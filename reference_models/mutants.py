@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .masks import build_attention_mask
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
 from .path_bugs import BackwardLeakDecoder, FaintNextToken, WindowedEncoderDecoder, WindowedMHADecoder, bfloat16
-from .plain import StepReadsPadding, plain_decoder
+from .plain import SERVING_BUGS, StepReadsPadding, plain_decoder
 from .scratch import ScratchDecoder, StepPositionOffByOne, scratch_with_loss
 
 
@@ -609,6 +609,21 @@ MUTANTS: dict[str, Mutant] = {
             _doc(StepReadsPadding),
             lambda: plain_decoder(buggy=True),
             plain_decoder,
+        ),
+        *(
+            Mutant(
+                f"module_cache_{name}",
+                "serving",
+                check,
+                _doc(SERVING_BUGS[bug]),
+                lambda bug=bug: plain_decoder(serving_bug=bug),
+                plain_decoder,
+            )
+            for name, bug, check in (
+                ("rollback_keeps_position", "rollback", "rollback"),
+                ("reorder_keys_only", "reorder", "beam_reorder"),
+                ("reset_keeps_last_layer", "reset", "reuse"),
+            )
         ),
         _hf(
             "hf_llama_decode_step_reads_padding",

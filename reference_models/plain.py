@@ -4,15 +4,21 @@ It knows nothing of maskcheck: it declares what it is in ``maskcheck_capabilitie
 dict) and implements the module cache protocol of ``maskcheck.harness.adapters.module``:
 
     forward(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]
-    prefill(input_ids [B, T], attention_mask [B, T]) -> (logits [B, T, V], cache)
+    prefill(input_ids [B, T], attention_mask [B, T], cache=None) -> (logits [B, T, V], cache)
     step(cache, input_ids [B, n], attention_mask [B, T + n]) -> (logits [B, n, V], cache)
 
+and the serving methods: ``rollback(cache, n)``, ``reorder(cache, index)``,
+``reset(cache)`` (an emptied cache that ``prefill(..., cache=cache)`` fills again).
+
 Masks: 1/True = real token. Positions are counted over real tokens only (derived from
-the mask), so a left-padded row decodes like the same row unpadded.
+the mask), so a left-padded row decodes like the same row unpadded. The cache is mutable,
+as transformers' ``DynamicCache`` is: each layer appends its keys, values and which of
+them are real tokens, and a step reads its own layer's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,20 +27,26 @@ from torch import Tensor, nn
 
 
 @dataclass
+class LayerCache:
+    keys: Tensor | None = None  # [B, H, T_so_far, D]; None: empty
+    values: Tensor | None = None  # [B, H, T_so_far, D]
+    real: Tensor | None = None  # [B, T_so_far] bool: the cached keys that are real tokens
+
+
+@dataclass
 class PlainCache:
-    keys: list[Tensor]  # per layer [B, H, T_so_far, D]
-    values: list[Tensor]  # per layer [B, H, T_so_far, D]
-    next_position: Tensor  # [B]: real tokens seen so far
+    layers: list[LayerCache]
+    next_position: Tensor | None = None  # [B]: real tokens seen so far; None: a new request
 
 
-def allowed_keys(mask: Tensor, queries: int) -> Tensor:
+def allowed_keys(real: Tensor, queries: int) -> Tensor:
     """``[B, 1, Tq, Tk]`` True where a query may read a key: causal, real keys only. The last
-    ``queries`` of the ``Tk`` tokens are the queries; a padded query reads itself, so no row is empty."""
-    keys = mask.shape[1]
-    q_index = torch.arange(keys - queries, keys, device=mask.device)[:, None]  # [Tq, 1]
-    k_index = torch.arange(keys, device=mask.device)[None, :]  # [1, Tk]
+    ``queries`` of the ``Tk`` keys are the queries; a padded query reads itself, so no row is empty."""
+    keys = real.shape[1]
+    q_index = torch.arange(keys - queries, keys, device=real.device)[:, None]  # [Tq, 1]
+    k_index = torch.arange(keys, device=real.device)[None, :]  # [1, Tk]
     causal = k_index <= q_index  # [Tq, Tk]
-    return (causal & (mask.bool()[:, None, :] | (k_index == q_index)))[:, None]  # [B, 1, Tq, Tk]
+    return (causal & (real.bool()[:, None, :] | (k_index == q_index)))[:, None]  # [B, 1, Tq, Tk]
 
 
 class PlainLayer(nn.Module):
@@ -46,17 +58,23 @@ class PlainLayer(nn.Module):
         self.out = nn.Linear(width, width)
         self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
 
-    def forward(
-        self, x: Tensor, allowed: Tensor, past: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, real: Tensor, cache: LayerCache, key_mask: "KeyMask") -> Tensor:
+        """``real [B, T]`` of the new tokens; appends their keys and values to ``cache``."""
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)  # each [B, T, C]
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [B, H, T_so_far + T, D]
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [B, H, T, D]
+        real = real.bool()
+        if cache.keys is not None:
+            assert cache.values is not None and cache.real is not None
+            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)  # [B, H, T_so_far + T, D]
+            real = torch.cat([cache.real, real], dim=1)  # [B, T_so_far + T]
+        cache.keys, cache.values, cache.real = k, v, real
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask(real, length))  # [B, H, T, D]
         x = x + self.out(attended.transpose(1, 2).reshape(batch, length, width))  # [B, T, C]
-        return x + self.mlp(self.norm2(x)), k, v
+        return x + self.mlp(self.norm2(x))
+
+
+KeyMask = Callable[[Tensor, int], Tensor]
 
 
 class PlainDecoder(nn.Module):
@@ -82,42 +100,113 @@ class PlainDecoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.prefill(input_ids, attention_mask)[0]
 
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, PlainCache]:
+    def prefill(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: PlainCache | None = None
+    ) -> tuple[Tensor, PlainCache]:
+        """``cache``: an emptied cache (``reset``) to fill instead of a new one."""
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]: real tokens counted from 0
-        return self._run(input_ids, positions, allowed_keys(mask, input_ids.shape[1]), None, mask.sum(-1))
+        if cache is None:
+            cache = PlainCache([LayerCache() for _ in self.layers])
+        return self._run(input_ids, mask, cache, allowed_keys)
 
     def step(self, cache: PlainCache, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, PlainCache]:
         new = attention_mask[:, -input_ids.shape[1] :].long()  # [B, n]: the appended tokens' mask
-        positions = cache.next_position[:, None] + (new.cumsum(-1) - 1).clamp(min=0)  # [B, n]
-        allowed = self.step_mask(attention_mask, input_ids.shape[1])
-        return self._run(input_ids, positions, allowed, cache, cache.next_position + new.sum(-1))
+        return self._run(input_ids, new, cache, self.step_mask)
 
-    def step_mask(self, attention_mask: Tensor, queries: int) -> Tensor:
+    def step_mask(self, real: Tensor, queries: int) -> Tensor:
         """The keys the appended tokens may read (a hook for the seeded bug)."""
-        return allowed_keys(attention_mask, queries)
+        return allowed_keys(real, queries)
 
-    def _run(
-        self, ids: Tensor, positions: Tensor, allowed: Tensor, cache: PlainCache | None, next_position: Tensor
-    ) -> tuple[Tensor, PlainCache]:
-        x = self.embed(ids) + self.position(positions)  # [B, T, C]
-        keys, values = [], []
-        for index, layer in enumerate(self.layers):
-            past = None if cache is None else (cache.keys[index], cache.values[index])
-            x, k, v = layer(x, allowed, past)
-            keys.append(k)
-            values.append(v)
-        return self.head(self.norm(x)), PlainCache(keys, values, next_position)
+    # -- serving ------------------------------------------------------------------------------
+
+    def rollback(self, cache: PlainCache, tokens: int) -> PlainCache:
+        """Drop the last ``tokens`` tokens (rejected draft tokens), all of them real."""
+        for layer in cache.layers:
+            assert layer.keys is not None and layer.values is not None and layer.real is not None
+            layer.keys, layer.values, layer.real = (
+                layer.keys[:, :, :-tokens],
+                layer.values[:, :, :-tokens],
+                layer.real[:, :-tokens],
+            )
+        assert cache.next_position is not None
+        cache.next_position = self.rolled_back_position(cache.next_position, tokens)
+        return cache
+
+    def rolled_back_position(self, next_position: Tensor, tokens: int) -> Tensor:
+        return next_position - tokens
+
+    def reorder(self, cache: PlainCache, index: Tensor) -> PlainCache:
+        """Row ``i`` continues row ``index[i]`` (beam search, dropped or repeated rows)."""
+        for layer in cache.layers:
+            assert layer.keys is not None and layer.values is not None and layer.real is not None
+            layer.keys, layer.real = layer.keys[index], layer.real[index]
+            layer.values = self.reordered_values(layer.values, index)
+        assert cache.next_position is not None
+        cache.next_position = cache.next_position[index]
+        return cache
+
+    def reordered_values(self, values: Tensor, index: Tensor) -> Tensor:
+        return values[index]
+
+    def reset(self, cache: PlainCache) -> PlainCache:
+        """Empty the cache for the next request."""
+        for layer in self.layers_to_reset(cache):
+            layer.keys = layer.values = layer.real = None
+        cache.next_position = None
+        return cache
+
+    def layers_to_reset(self, cache: PlainCache) -> list[LayerCache]:
+        return cache.layers
+
+    def _run(self, ids: Tensor, new: Tensor, cache: PlainCache, key_mask: KeyMask) -> tuple[Tensor, PlainCache]:
+        """``new [B, n]`` 1 at real tokens among ``ids``; positions continue the cache's count."""
+        start = torch.zeros_like(new[:, 0]) if cache.next_position is None else cache.next_position  # [B]
+        positions = start[:, None] + (new.cumsum(-1) - 1).clamp(min=0)  # [B, n]
+        x = self.embed(ids) + self.position(positions)  # [B, n, C]
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer(x, new, layer_cache, key_mask)
+        cache.next_position = start + new.sum(-1)
+        return self.head(self.norm(x)), cache
 
 
 class StepReadsPadding(PlainDecoder):
     """A plain decoder whose decoding step forgets the padding mask: the left-padded slots
     in its cache are read by every new token."""
 
-    def step_mask(self, attention_mask: Tensor, queries: int) -> Tensor:
-        return allowed_keys(torch.ones_like(attention_mask), queries)
+    def step_mask(self, real: Tensor, queries: int) -> Tensor:
+        return allowed_keys(torch.ones_like(real), queries)
 
 
-def plain_decoder(seed: int = 0, buggy: bool = False) -> PlainDecoder:
+class RollbackKeepsPosition(PlainDecoder):
+    """A plain decoder whose rollback drops the rejected tokens' keys but not their count:
+    the tokens decoded after a rollback take positions past the ones they hold."""
+
+    def rolled_back_position(self, next_position: Tensor, tokens: int) -> Tensor:
+        return next_position
+
+
+class ReorderKeysOnly(PlainDecoder):
+    """A plain decoder whose row reorder moves the keys but not the values: after beam
+    search reorders rows, each row reads its keys beside another row's values."""
+
+    def reordered_values(self, values: Tensor, index: Tensor) -> Tensor:
+        return values if values.shape[0] == index.numel() else values[index]
+
+
+class ResetKeepsLastLayer(PlainDecoder):
+    """A plain decoder whose reset empties every layer but the last: the next request's
+    tokens read the previous request's keys there (one user's state reaches another)."""
+
+    def layers_to_reset(self, cache: PlainCache) -> list[LayerCache]:
+        return cache.layers[:-1]
+
+
+SERVING_BUGS = {"rollback": RollbackKeepsPosition, "reorder": ReorderKeysOnly, "reset": ResetKeepsLastLayer}
+
+
+def plain_decoder(seed: int = 0, buggy: bool = False, serving_bug: str | None = None) -> PlainDecoder:
+    """The clean decoder, or one with a bug: ``buggy`` its step's mask, ``serving_bug`` one
+    of :data:`SERVING_BUGS` (the same weights: the seed draws them)."""
     torch.manual_seed(seed)
-    return (StepReadsPadding() if buggy else PlainDecoder()).eval()
+    cls = SERVING_BUGS[serving_bug] if serving_bug else (StepReadsPadding if buggy else PlainDecoder)
+    return cls().eval()

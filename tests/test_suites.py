@@ -82,6 +82,17 @@ def assert_minimal(name: str, case: dict | None) -> None:
     if "segment_lengths" in case:  # packing: two sequences of at most 2 tokens in one row
         assert len(case["segment_lengths"]) == 2 and max(case["segment_lengths"]) <= 2 and case["padding"] == 0, case
         return
+    if "drafted" in case:  # serving rollback: one row, one draft token rolled back, one new token
+        assert (
+            len(case["prompt_lengths"]) == 1 and max(case["prompt_lengths"]) + case["drafted"] + case["new_tokens"] <= 4
+        )
+        return
+    if "order_seed" in case:  # serving row operations: two rows (the fewest to rearrange), one token each side
+        assert len(case["prompt_lengths"]) == 2 and max(case["prompt_lengths"]) + case["before"] + case["after"] <= 4
+        return
+    if "first_lengths" in case:  # serving reuse: one row for each request
+        assert len(case["first_lengths"]) == 1 and case["second_lengths"][0] + case["steps"] <= 4, case
+        return
     if "new_tokens" in case:  # greedy generation: two rows (the fewest that need padding) and one decoding step
         assert len(case["prompt_lengths"]) == 2 and max(case["prompt_lengths"]) + case["new_tokens"] <= 4, case
         return

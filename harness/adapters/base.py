@@ -49,6 +49,11 @@ class LogitsShapeError(AdapterError):
         self.what, self.shape, self.expected = what, shape, expected
 
 
+class ServingUnsupported(AdapterError):
+    """The model's cache cannot do a serving operation (harness/adapters/serving.py), by
+    its own declaration or for want of the method; one line, the check's n/a reason."""
+
+
 class LayoutUnavailable(Exception):
     """The weights cannot be loaded under the asked layout (parameters it needs are missing)."""
 
@@ -276,17 +281,22 @@ class Adapter(abc.ABC):
             )
         return out.reshape(())
 
-    def prefill(self, batch: Batch) -> tuple[Tensor, Any]:
-        """Run the prompt; return its logits ``[B, T, V]`` and a state to continue from."""
+    def prefill(self, batch: Batch, rollback: bool = False) -> tuple[Tensor, Any]:
+        """Run the prompt; return its logits ``[B, T, V]`` and a state to continue from.
+        ``rollback=True`` prepares a state that :meth:`rollback` may roll back, as assisted
+        decoding prepares its cache (transformers: ``activate_past_recording``)."""
         if not self.capabilities.has_cache:
             raise NotImplementedError(
                 f"{self.spec} has no cache: {self.capabilities.no_cache_reason or 'none declared'}"
             )
         self._check_eval()
         with torch.inference_mode():
-            logits, state = self._prefill(batch)
+            logits, state = self._prefill(batch, rollback=True) if rollback else self._prefill(batch)
+        return self._prefill_logits(logits, batch), state
+
+    def _prefill_logits(self, logits: Any, batch: Batch) -> Tensor:
         ids = batch.predicted_ids
-        return check_logits(logits, ids.shape[0], ids.shape[1], self.capabilities.vocab_size, "prefill logits"), state
+        return check_logits(logits, ids.shape[0], ids.shape[1], self.capabilities.vocab_size, "prefill logits")
 
     def step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Any]:
         """Append ``tokens [B, n]`` (``attention_mask [B, n]``; None: all real); the state is
@@ -301,6 +311,44 @@ class Adapter(abc.ABC):
     def fork(self, state: Any) -> Any:
         """An independent copy of a state, for when a test branches."""
         return state
+
+    # -- serving: what a server does with a state besides appending to it (serving.py) ------
+
+    def rollback(self, state: Any, tokens: int) -> Any:
+        """``state`` without its last ``tokens`` tokens (speculative decoding's rejected
+        drafts), from a prefill made with ``rollback=True``; the state is consumed."""
+        self._check_eval()
+        with torch.inference_mode():
+            return self._rollback(state, tokens)
+
+    def rearrange(self, state: Any, operation: str, index: Tensor) -> Any:
+        """``state`` whose row ``i`` continues the row ``index[i]`` held (serving.RowOperation
+        says which method of the model's cache does it); the state is consumed."""
+        self._check_eval()
+        with torch.inference_mode():
+            return self._rearrange(state, operation, index)
+
+    def share(self, state: Any) -> Any:
+        """A copy of the state by the model's own means, as a prompt cache is copied for many
+        requests; :meth:`fork` where that is one (it may instead replay the tokens)."""
+        return self._share(state)
+
+    def reuse(self, state: Any, batch: Batch) -> tuple[Tensor, Any]:
+        """The prefill of another request ``batch`` into the cache object ``state`` holds,
+        reset the model's own way (a serving slot given to the next user)."""
+        self._check_eval()
+        with torch.inference_mode():
+            logits, new_state = self._reuse(state, batch)
+        return self._prefill_logits(logits, batch), new_state
+
+    def cache_implementations(self) -> dict[str, str | None]:
+        """The model's other cache implementations by name, each with why it cannot run
+        here (None: it runs); empty for a model with one cache of its own."""
+        return {}
+
+    def with_cache_implementation(self, name: str) -> "Adapter":
+        """This adapter decoding with cache implementation ``name`` (see :meth:`cache_implementations`)."""
+        raise ServingUnsupported(f"{self.spec} has no cache implementation {name!r}")
 
     def generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
         """The model's own greedy ``generate()`` of ``new_tokens`` after ``batch``, with its cache
@@ -487,8 +535,20 @@ class Adapter(abc.ABC):
     def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _prefill(self, batch: Batch) -> tuple[Tensor, Any]:
+    def _prefill(self, batch: Batch, rollback: bool = False) -> tuple[Tensor, Any]:
         raise NotImplementedError
+
+    def _rollback(self, state: Any, tokens: int) -> Any:
+        raise ServingUnsupported(f"the {type(self).__name__} has no rollback of a decoding state")
+
+    def _rearrange(self, state: Any, operation: str, index: Tensor) -> Any:
+        raise ServingUnsupported(f"the {type(self).__name__} cannot rearrange the rows of a decoding state")
+
+    def _share(self, state: Any) -> Any:
+        return self.fork(state)
+
+    def _reuse(self, state: Any, batch: Batch) -> tuple[Tensor, Any]:
+        raise ServingUnsupported(f"the {type(self).__name__} cannot reuse a decoding state for another request")
 
     def _step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Any]:
         raise NotImplementedError

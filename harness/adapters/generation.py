@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import AdapterError, call_model, positions_from_mask
+from .base import AdapterError, ServingUnsupported, call_model, positions_from_mask
+from .serving import RowOperation, crop_cache, is_transformers_cache, rearrange_cache, select_rows
 
 
 @dataclass
@@ -60,6 +61,8 @@ class GenerationPath:
         self.position_offset = position_offset
         self.ids_key = "decoder_input_ids" if encoder_decoder else "input_ids"
         self.mask_key = "decoder_attention_mask" if encoder_decoder else "attention_mask"
+        #: generate()'s ``cache_implementation`` ("static", "offloaded"); None: the model's default
+        self.cache_implementation: str | None = None
 
     def prefill(
         self,
@@ -68,8 +71,12 @@ class GenerationPath:
         source: Tensor | None = None,
         source_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        rollback: bool = False,
+        cache: Any = None,
     ) -> tuple[Tensor, GenerationState]:
-        """``ids``/``mask [B, T]`` of the predicted side; encoder-decoders also get their source."""
+        """``ids``/``mask [B, T]`` of the predicted side; encoder-decoders also get their source.
+        ``rollback``: the cache records its past, as assisted decoding prepares it; ``cache``:
+        a cache object to fill (passed as a user's cache is) instead of a new one."""
         kwargs: dict[str, Any] = {"use_cache": True, self.mask_key: mask}
         if self.encoder_decoder:
             encoder = self.model.get_encoder()
@@ -80,7 +87,12 @@ class GenerationPath:
                 encoded = BaseModelOutput(last_hidden_state=encoded[0])
             kwargs["encoder_outputs"] = encoded
             kwargs["attention_mask"] = source_mask
-        self._new_cache(kwargs, ids.shape[0], ids.shape[1])
+        if cache is not None:
+            kwargs["cache"] = cache
+        else:
+            self._new_cache(kwargs, ids.shape[0], ids.shape[1])
+        if rollback and is_transformers_cache(kwargs.get("cache")):
+            kwargs["cache"].activate_past_recording()  # before the prefill, as _assisted_decoding does
         if self.takes_position_ids and self._generate_passes_positions(ids, mask):
             kwargs["position_ids"] = (
                 positions if positions is not None else positions_from_mask(mask, offset=self.position_offset)
@@ -110,6 +122,43 @@ class GenerationPath:
         self._check_fed(inputs, n, f"a step of {n} token(s)")
         output = call_model(self.model, **inputs, return_dict=True)
         return output.logits, GenerationState(kwargs, ids, output)
+
+    # -- serving (harness/adapters/serving.py) -----------------------------------------------
+
+    def cache_of(self, state: GenerationState) -> tuple[str, Any]:
+        """Where the state's cache is and the cache: the last output's (which the model's own
+        update carries on), else the kwargs'. Raises for a state that holds no transformers Cache."""
+        found = [(k, v) for k, v in dict(state.output).items() if v is not None and k != "logits"]
+        found += [(k, v) for k, v in state.kwargs.items() if v is not None]
+        for key, value in found:
+            if is_transformers_cache(value):
+                return key, value
+        kinds = ", ".join(f"{k}: {type(v).__name__}" for k, v in found if not isinstance(v, (Tensor, bool))) or "none"
+        raise ServingUnsupported(
+            f"the model keeps its decoding state in no transformers Cache ({kinds}), so there is no crop, reorder or reset to call"
+        )
+
+    def rollback(self, state: GenerationState, tokens: int) -> GenerationState:
+        """Roll the cache back by ``tokens`` and cut every per-token model kwarg (masks,
+        position ids) as assisted decoding does after rejecting draft tokens."""
+        crop_cache(self.cache_of(state)[1], tokens)
+        length = state.ids.shape[1]
+        kwargs = {
+            k: v[:, :-tokens] if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == length else v
+            for k, v in state.kwargs.items()
+        }
+        return GenerationState(kwargs, state.ids[:, :-tokens], state.output)
+
+    def rearrange(self, state: GenerationState, operation: RowOperation, index: Tensor) -> GenerationState:
+        """Rearrange the cache's rows with its own method, and every per-row kwarg (masks,
+        position ids, encoder outputs) with them, as beam search does."""
+        rows = state.ids.shape[0]
+        rearrange_cache(self.cache_of(state)[1], operation, index, rows)
+        return GenerationState(
+            select_rows(state.kwargs, index, rows),
+            select_rows(state.ids, index, rows),
+            select_rows(state.output, index, rows),
+        )
 
     def feeds_only_new_tokens(self, vocab_size: int) -> str | None:
         """None when a decoding step feeds the model only its new token, as a cache needs;
@@ -145,7 +194,13 @@ class GenerationPath:
 
         try:
             self.model._prepare_cache_for_generation(
-                GenerationConfig(use_cache=True), kwargs, GenerationMode.GREEDY_SEARCH, batch, length + 64
+                GenerationConfig(
+                    use_cache=True, cache_implementation=self.cache_implementation, num_beams=1, num_return_sequences=1
+                ),
+                kwargs,
+                GenerationMode.GREEDY_SEARCH,
+                batch,
+                length + 64,
             )
         except TypeError:
             # Another signature of this private method: the model then makes its own cache on

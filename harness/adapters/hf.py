@@ -30,12 +30,14 @@ from .base import (
     ForwardKeywords,
     PackingSetting,
     PickleRefused,
+    ServingUnsupported,
     call_model,
     extend,
     load_tensors_only,
     positions_from_mask,
 )
 from .generation import GenerationPath, GenerationState, drives_generation
+from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
 
 Task = Literal["causal-lm", "masked-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
@@ -566,16 +568,30 @@ class HFAdapter(Adapter):
                 return value
         raise AdapterError("the model returned no cache although use_cache=True")
 
-    def _prefill(self, batch: Batch) -> tuple[Tensor, HFState | GenerationState]:
+    def _prefill(
+        self, batch: Batch, rollback: bool = False, cache: Any = None
+    ) -> tuple[Tensor, HFState | GenerationState]:
+        """``cache``: a cache object to fill (a reused one) instead of a new one."""
         mask = batch.predicted_mask
         if mask is None:
             mask = torch.ones_like(batch.predicted_ids)
         if self.generation is not None:
             if self.task == "seq2seq":
-                return self.generation.prefill(batch.predicted_ids, mask, batch.input_ids, batch.attention_mask)
-            return self.generation.prefill(batch.input_ids, mask, positions=batch.position_ids)
+                return self.generation.prefill(
+                    batch.predicted_ids, mask, batch.input_ids, batch.attention_mask, rollback=rollback, cache=cache
+                )
+            return self.generation.prefill(
+                batch.input_ids, mask, positions=batch.position_ids, rollback=rollback, cache=cache
+            )
         inputs = self._inputs(batch)
         inputs["use_cache"] = True
+        if rollback and cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+            cache.activate_past_recording()
+        if cache is not None:
+            inputs[self.cache_keyword] = cache  # type: ignore[index]
         if self.task == "seq2seq":
             output = self._call(**inputs)
             state = HFState(
@@ -638,14 +654,89 @@ class HFAdapter(Adapter):
         return output.sequences[:, -new_tokens:], torch.stack(output.logits, dim=1)  # [B, n], [B, n, V]
 
     def fork(self, state: HFState | GenerationState) -> HFState | GenerationState:
-        # Cache objects are mutated in place by forward, so a branch needs its own copy. (A
-        # stateful model, such as RecurrentGemma, also keeps state in its modules: no copy of
-        # ours reaches that, and no suite forks.)
+        # Cache objects are mutated in place by forward, so a branch needs its own copy, as
+        # transformers' docs copy a prompt cache (copy.deepcopy). A stateful model, such as
+        # RecurrentGemma, also keeps state in its modules: no copy reaches that.
         if isinstance(state, GenerationState):
-            return GenerationState(copy.deepcopy(state.kwargs), state.ids, copy.deepcopy(state.output))
+            kwargs, output = copy.deepcopy((state.kwargs, state.output))  # one copy: both hold the same cache
+            return GenerationState(kwargs, state.ids, output)
         return HFState(
             copy.deepcopy(state.cache), state.mask, state.next_position, state.encoder_outputs, state.source_mask
         )
+
+    # -- serving --------------------------------------------------------------------------
+
+    def _rollback(self, state: HFState | GenerationState, tokens: int) -> HFState | GenerationState:
+        if isinstance(state, GenerationState):
+            assert self.generation is not None
+            return self.generation.rollback(state, tokens)
+        crop_cache(state.cache, tokens)
+        dropped = state.mask[:, -tokens:].long().sum(-1)  # [B]: real tokens rolled back
+        return HFState(
+            state.cache,
+            state.mask[:, :-tokens],
+            state.next_position - dropped,
+            state.encoder_outputs,
+            state.source_mask,
+        )
+
+    def _rearrange(self, state: HFState | GenerationState, operation: str, index: Tensor) -> HFState | GenerationState:
+        if isinstance(state, GenerationState):
+            assert self.generation is not None
+            return self.generation.rearrange(state, operation, index)  # type: ignore[arg-type]
+        rows = state.mask.shape[0]
+        rearrange_cache(state.cache, operation, index, rows)  # type: ignore[arg-type]
+        return HFState(
+            state.cache,
+            *select_rows((state.mask, state.next_position, state.encoder_outputs, state.source_mask), index, rows),
+        )
+
+    def _reuse(self, state: HFState | GenerationState, batch: Batch) -> tuple[Tensor, HFState | GenerationState]:
+        cache = self.generation.cache_of(state)[1] if isinstance(state, GenerationState) else state.cache  # type: ignore[union-attr]
+        reset_cache(cache)
+        return self._prefill(batch, cache=cache)
+
+    def cache_implementations(self) -> dict[str, str | None]:
+        if self.generation is None:
+            reason = (
+                "the model is stepped by hand, not through generate()'s methods, which choose a cache implementation"
+            )
+            return {"static": reason, "offloaded": reason}
+        device = self.capabilities.device
+        return {
+            "static": None,
+            "offloaded": None
+            if device.startswith("cuda")
+            else f"the offloaded cache moves layers between a GPU and the CPU: it needs CUDA, and the model is on {device}",
+        }
+
+    def with_cache_implementation(self, name: str) -> "HFAdapter":
+        reason = self.cache_implementations().get(name, f"no cache implementation {name!r}")
+        if reason is not None:
+            raise ServingUnsupported(reason)
+        other = copy.copy(self)
+        other.generation = copy.copy(self.generation)
+        other.generation.cache_implementation = name  # type: ignore[union-attr]
+        other.__dict__.pop("_path_adapters", None)
+        made = other._made_cache(name)
+        if made is not None:
+            raise ServingUnsupported(
+                f"generate() does not use cache_implementation={name!r} for this model: it decodes with {made}"
+            )
+        return other
+
+    def _made_cache(self, name: str) -> str | None:
+        """None when a prefill with this adapter's cache implementation makes the cache asked
+        for; otherwise the cache it makes (a model that supplies its own ignores the choice)."""
+        from transformers import StaticCache
+
+        ids = torch.ones(1, 2, dtype=torch.long, device=self.capabilities.device)
+        source = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(ids))
+        _, state = self.prefill(source if self.task == "seq2seq" else Batch(ids, torch.ones_like(ids)))
+        cache = self.generation.cache_of(state)[1]  # type: ignore[union-attr]
+        attention = getattr(cache, "self_attention_cache", cache)
+        made = isinstance(attention, StaticCache) if name == "static" else bool(getattr(attention, "offloading", False))
+        return None if made else f"a {type(cache).__name__} ({layer_names(cache)})"
 
 
 def _input_device(model: Any, parameter: Any) -> str:

@@ -48,6 +48,20 @@ A KV cache, for ``has_cache=True``, has one of two shapes:
   fork is the tokens fed so far: a step on a state that is not the module's live one
   runs that state's tokens again first. ``examples/module_state_decoder.py`` (the model:
   ``maskcheck.reference_models.scratch``).
+
+Serving operations (the ``serving`` suite) are optional methods; a model without one gets
+``not_applicable`` for its check, with the method it lacks:
+
+- object cache: ``rollback(cache, n) -> cache`` (drop the last ``n`` tokens),
+  ``reorder(cache, index [B']) -> cache`` (row ``i`` continues row ``index[i]``: beam
+  search, dropped rows, repeated rows), ``reset(cache) -> cache`` (empty it for the next
+  request, which ``prefill(input_ids, attention_mask, cache=cache)`` then fills), and
+  ``fork(cache) -> cache`` (a copy; ``copy.deepcopy`` without it).
+  ``examples/cached_decoder.py``.
+- module state: a rollback is the next forward's ``input_pos`` going back (as gpt-fast's
+  speculative decoding does: the stale slots must be masked); ``reorder_caches(index)``
+  rearranges rows; a reused cache is the next request's prefill without ``setup_caches``
+  (after ``reset_caches()`` when the module has it). It holds one request, so it has no fork.
 """
 
 from __future__ import annotations
@@ -60,7 +74,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor
 
-from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, call_model
+from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, ServingUnsupported, call_model
 
 MaskConvention = Literal["keep", "ignore"]
 #: the forward parameters read as a padding mask, in the order they are looked for
@@ -273,12 +287,13 @@ class ModuleAdapter(Adapter):
     def _mask_arguments(self, mask: Tensor) -> tuple[Tensor, ...]:
         return (self._mask(mask),) if self.capabilities.takes_attention_mask else ()
 
-    def _prefill(self, batch: Batch) -> tuple[Tensor, Any]:
+    def _prefill(self, batch: Batch, rollback: bool = False, cache: Any = None) -> tuple[Tensor, Any]:
         if self.cache_shape == "module":
             return self._module_prefill(batch.input_ids)
         mask = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)
         prefill = self.model.prefill  # type: ignore[attr-defined]
-        logits, cache = call_model(prefill, batch.input_ids, *self._mask_arguments(mask))
+        reused = {} if cache is None else {"cache": cache}
+        logits, cache = call_model(prefill, batch.input_ids, *self._mask_arguments(mask), **reused)
         return _logits_of(logits), ModuleState(cache, mask)
 
     def _step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Any]:
@@ -295,11 +310,66 @@ class ModuleAdapter(Adapter):
     def fork(self, state: Any) -> Any:
         if isinstance(state, ModuleStateCache):
             return ModuleStateCache(state.tokens)  # the tokens fed: fed again when stepped (see _module_step)
-        return ModuleState(copy.deepcopy(state.cache), state.mask)
+        own = getattr(self.model, "fork", None)
+        return ModuleState(call_model(own, state.cache) if callable(own) else copy.deepcopy(state.cache), state.mask)
 
-    def _module_prefill(self, ids: Tensor) -> tuple[Tensor, ModuleStateCache]:
+    # -- serving (optional protocol methods; the module docstring) ---------------------------
+
+    def _serving_method(self, name: str, what: str) -> Callable[..., Any]:
+        method = getattr(self.model, name, None)
+        if not callable(method):
+            raise ServingUnsupported(f"the module has no {name}() method, so {what}")
+        return method
+
+    def _share(self, state: Any) -> Any:
+        if isinstance(state, ModuleStateCache):
+            raise ServingUnsupported(
+                "the module holds one request's state in its own buffers, so there is no copy of it to share "
+                "(maskcheck's fork feeds the tokens again: a fresh decode)"
+            )
+        return self.fork(state)
+
+    def _rollback(self, state: Any, tokens: int) -> Any:
+        if isinstance(state, ModuleStateCache):
+            # The next forward's input_pos goes back: what the module holds past it is stale and must be masked.
+            kept = ModuleStateCache(state.tokens[:, :-tokens])
+            if state is self._live:
+                self._live = kept
+            return kept
+        rollback = self._serving_method("rollback", "its cache cannot be rolled back (speculative decoding)")
+        return ModuleState(call_model(rollback, state.cache, tokens), state.mask[:, :-tokens])
+
+    def _rearrange(self, state: Any, operation: str, index: Tensor) -> Any:
+        if isinstance(state, ModuleStateCache):
+            reorder = self._serving_method("reorder_caches", "the rows of its cache cannot be rearranged")
+            if state is not self._live:
+                self._module_prefill(state.tokens)
+            call_model(reorder, index)
+            self._live = ModuleStateCache(state.tokens[index])
+            return self._live
+        reorder = self._serving_method("reorder", "the rows of its cache cannot be rearranged")
+        return ModuleState(call_model(reorder, state.cache, index), state.mask[index])
+
+    def _reuse(self, state: Any, batch: Batch) -> tuple[Tensor, Any]:
+        if isinstance(state, ModuleStateCache):
+            if state is not self._live:
+                self._module_prefill(state.tokens)
+            reset = getattr(self.model, "reset_caches", None)
+            if callable(reset):
+                call_model(reset)
+            return self._module_prefill(batch.input_ids, setup=False)
+        reset = self._serving_method("reset", "its cache cannot be emptied for another request")
+        if "cache" not in forward_parameters(self.model.prefill):  # type: ignore[attr-defined]
+            raise ServingUnsupported(
+                "the module's prefill() takes no cache= to fill, so every request gets a new cache object and none is reused"
+            )
+        return self._prefill(batch, cache=call_model(reset, state.cache))
+
+    def _module_prefill(self, ids: Tensor, setup: bool = True) -> tuple[Tensor, ModuleStateCache]:
+        """The prompt at positions 0..T-1; ``setup=False`` reuses the buffers the module holds."""
         length = self.capabilities.max_length or 4 * ids.shape[1] + 64
-        call_model(getattr(self.model, MODULE_CACHE_SETUP), ids.shape[0], length)
+        if setup:
+            call_model(getattr(self.model, MODULE_CACHE_SETUP), ids.shape[0], length)
         positions = torch.arange(ids.shape[1], device=ids.device)  # [T]
         logits = self._call(ids, {MODULE_CACHE_POSITIONS: positions})
         self._live = ModuleStateCache(ids)

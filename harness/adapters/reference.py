@@ -27,6 +27,7 @@ from .base import (
     Capabilities,
     CheckpointRecord,
     LayoutUnavailable,
+    ServingUnsupported,
     extend,
     positions_from_mask,
 )
@@ -142,7 +143,7 @@ class ReferenceAdapter(Adapter):
     def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
         return self.model.loss(self._forward(batch).logits, labels)
 
-    def _prefill(self, batch: Batch) -> tuple[Tensor, ReferenceState]:
+    def _prefill(self, batch: Batch, rollback: bool = False) -> tuple[Tensor, ReferenceState]:
         out = self._forward(batch)
         mask = batch.predicted_mask
         if mask is None:
@@ -165,6 +166,22 @@ class ReferenceAdapter(Adapter):
         else:
             out = model(tokens, full_mask, positions, cache=state.cache)
         return out.logits, ReferenceState(out.cache, full_mask, next_position)
+
+    # -- serving: the KVCache is immutable, so every operation makes a new one -----------------
+
+    def _rollback(self, state: ReferenceState, tokens: int) -> ReferenceState:
+        dropped = state.mask[:, -tokens:].long().sum(-1)  # [B]: real tokens rolled back
+        return ReferenceState(state.cache.without_last(tokens), state.mask[:, :-tokens], state.next_position - dropped)
+
+    def _rearrange(self, state: ReferenceState, operation: str, index: Tensor) -> ReferenceState:
+        index = index.to(state.mask.device)
+        return ReferenceState(state.cache.rows(index), state.mask[index], state.next_position[index])
+
+    def _reuse(self, state: ReferenceState, batch: Batch) -> tuple[Tensor, ReferenceState]:
+        raise ServingUnsupported(
+            "the reference model's KVCache is immutable: a prefill makes a new one, "
+            "so no cache object outlives a request to be reused"
+        )
 
 
 def checkpoint_record(path: str, saved: ModelConfig) -> CheckpointRecord:

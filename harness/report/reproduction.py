@@ -81,9 +81,20 @@ class RecordingAdapter:
         self._keep("loss", batch, labels=labels)
         return self._adapter.loss(batch, labels)
 
-    def prefill(self, batch: Batch) -> Any:
+    def prefill(self, batch: Batch, rollback: bool = False) -> Any:
         self._keep("prefill", batch)
-        return self._adapter.prefill(batch)
+        return self._adapter.prefill(batch, rollback=rollback)
+
+    def rearrange(self, state: Any, operation: str, index: Any) -> Any:
+        self._keep(f"rearrange_{operation}", None, index=index)
+        return self._adapter.rearrange(state, operation, index)
+
+    def reuse(self, state: Any, batch: Batch) -> Any:
+        self._keep("reuse", batch)
+        return self._adapter.reuse(state, batch)
+
+    def with_cache_implementation(self, name: str) -> "RecordingAdapter":
+        return RecordingAdapter(self._adapter.with_cache_implementation(name), self.tensors)
 
     def step(self, state: Any, tokens: Any, attention_mask: Any = None) -> Any:
         self._keep("step", None, tokens=tokens, attention_mask=attention_mask)

@@ -1,0 +1,664 @@
+"""serving: what a server does with the cache must not leak or drift.
+
+The cache is a model's serving state. ``kv_cache`` checks that appending to it gives the
+full forward's logits; serving also rolls it back, rearranges its rows, copies it and
+hands it to the next request. Each check does one of these with the model's own
+operation (transformers' ``Cache`` methods, the plain-module protocol, the reference
+model's ``KVCache``) and compares with a fresh computation of what the user asked for:
+
+- ``rollback``: decode draft tokens, roll back some (transformers: ``crop(-j)`` on a
+  cache prepared as assisted decoding prepares it, ``activate_past_recording``), decode
+  other tokens: their logits are the full forward's over the kept prefix and the new
+  tokens (shape-changing rule: cached and full attention reduce over other lengths).
+- ``beam_reorder``, ``row_select``, ``row_repeat``: beam search's ``reorder_cache`` (rows
+  may repeat), ``batch_select_indices`` (finished rows dropped), ``batch_repeat_interleave``
+  (sampling several continuations): each row, given its own new tokens, continues as the
+  full forward of the row it now holds.
+- ``reuse``: a cache reset (transformers' ``reset()``) and filled by another request of the
+  same batch size gives that request's fresh logits. This is tenant isolation, judged by
+  influence rather than closeness: the reused logits must equal a fresh decode, and must not
+  move when the first request's ids change, both under the same-shape rule at the floor
+  two fresh decodes measure (0 on the CPU in float32: the same computation).
+- ``shared_prefix``: a prompt's cache copied (``copy.deepcopy``, as transformers' docs copy a
+  prompt cache) and continued with two suffixes, one copy continued again after the other:
+  each equals its fresh decode (same-shape rule), so continuing one copy changed nothing of
+  the other.
+- ``window_eviction``: decoding far past a sliding window, one cache step at a time, equals
+  the full forward; then a rollback across the window's edge and new tokens equal it too.
+- ``static_cache``: the same decode with the static cache (``cache_implementation="static"``)
+  equals the full forward, and a static cache reused by a second request (as a second
+  ``generate()`` call reuses it) gives that request's fresh logits.
+- ``offloaded_cache``: the same with the offloaded cache, which needs CUDA.
+
+An operation the cache declares it cannot do (``Cache.is_croppable`` False, a layer
+without the method, a module without the protocol method) is measured once on a probe
+decode and its check is ``not_applicable`` with that reason.
+
+Mask polarity: ``attention_mask`` 1 = real token, as everywhere in maskcheck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor
+
+from ..harness.adapters.base import Adapter, AdapterError, Batch, Capabilities, ServingUnsupported
+from ..harness.adapters.serving import ROW_OPERATIONS, select_rows
+from ..harness.engine.batching import Evaluation, Logits
+from ..harness.engine.cases import random_ids, random_rows, row_lengths, shape_change_outcome, verdict, with_floor
+from ..harness.engine.strategies import case_strategy
+from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
+from ..harness.engine.tolerance import compare_logits
+from .kv_cache import MAX_CHUNK, CacheBatches, longest_prompt, prompt_lengths, source_paddings
+
+ROW_CHECKS = {"reorder": "beam_reorder", "select": "row_select", "repeat": "row_repeat"}
+CACHE_IMPLEMENTATION_CHECKS = {"static": "static_cache", "offloaded": "offloaded_cache"}
+
+
+@dataclass(frozen=True)
+class RollbackCase:
+    prompt_lengths: tuple[int, ...]  # left-padded to the longest
+    drafted: int  # tokens decoded with the cache, then partly rejected
+    rejected: int  # rolled back: min(rejected, drafted)
+    new_tokens: int  # decoded after the rollback
+    source_padding: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class RowsCase:
+    prompt_lengths: tuple[int, ...]  # at least two rows
+    before: int  # tokens decoded before the rows are rearranged
+    after: int  # tokens each new row decodes after
+    order_seed: int  # draws the index
+    source_padding: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class ReuseCase:
+    first_lengths: tuple[int, ...]  # the first request's rows
+    second_lengths: tuple[int, ...]  # the next request's: the first len(first_lengths) of them
+    first_steps: int  # tokens the first request decodes before its cache is reused
+    steps: int  # tokens the next request decodes
+    source_padding: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class SharedPrefixCase:
+    prompt_lengths: tuple[int, ...]
+    first: int  # the first copy's suffix
+    second: int  # the second copy's, decoded after the first
+    more: int  # the first copy's, decoded after the second
+    source_padding: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class EvictionCase:
+    prompt: int  # a prompt within the window
+    past_window: int  # tokens decoded past twice the window, one step of 1-4 at a time
+    rejected: int  # rolled back across the window's edge: 1 .. window + 1
+    new_tokens: int
+    seed: int
+
+
+def steps(count: int, seed: int) -> list[int]:
+    """Step sizes of 1..MAX_CHUNK summing to ``count``, from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = []
+    while count > 0:
+        n = min(count, int(torch.randint(1, MAX_CHUNK + 1, (1,), generator=generator)))
+        sizes.append(n)
+        count -= n
+    return sizes
+
+
+def row_index(operation: str, rows: int, seed: int) -> Tensor:
+    """The rows a rearrangement keeps: ``reorder`` a same-size index that moves a row (rows
+    may repeat, as beams do), ``select`` a proper subset in any order, ``repeat`` each row
+    2 or 3 times in place."""
+    generator = torch.Generator().manual_seed(seed)
+    if operation == "repeat":
+        return torch.arange(rows).repeat_interleave(2 + seed % 2)
+    if operation == "select":
+        keep = 1 + int(torch.randint(0, rows - 1, (1,), generator=generator))
+        return torch.randperm(rows, generator=generator)[:keep]
+    index = torch.randint(0, rows, (rows,), generator=generator)
+    if torch.equal(index, torch.arange(rows)):  # the identity rearranges nothing
+        index = index.roll(1)
+    return index
+
+
+class ServingBatches(CacheBatches):
+    """Left-padded decoder batches (:class:`CacheBatches`) that grow and lose rows as the
+    decoding state does, so a full forward sees exactly what the cache holds."""
+
+    def prompt(self, lengths: Sequence[int], seed: int, source_padding: int) -> tuple[list[Tensor], Batch]:
+        rows = random_rows(self.adapter, row_lengths(self.caps, lengths), seed)
+        return rows, self.left_padded(rows, max(len(r) for r in rows), source_padding)
+
+    def tokens(self, rows: int, count: int, seed: int) -> Tensor:
+        return random_ids(seed, (rows, count), self.caps.vocab_size, self.pad, self.caps.device)  # [B, n]
+
+    def appended(self, batch: Batch, tokens: Tensor) -> Batch:
+        """``batch`` with real ``tokens [B, n]`` appended on the predicted side."""
+        ones = torch.ones_like(tokens)
+        if self.caps.family == "encoder_decoder":
+            assert batch.decoder_input_ids is not None and batch.decoder_attention_mask is not None
+            return replace(
+                batch,
+                decoder_input_ids=torch.cat([batch.decoder_input_ids, tokens], dim=1),
+                decoder_attention_mask=torch.cat([batch.decoder_attention_mask, ones], dim=1),
+            )
+        mask = None if batch.attention_mask is None else torch.cat([batch.attention_mask, ones], dim=1)
+        positions = batch.position_ids
+        if positions is not None:  # the next positions of each row: after its last, a real token
+            positions = torch.cat([positions, positions[:, -1:] + ones.cumsum(-1)], dim=1)  # [B, T + n]
+        return Batch(torch.cat([batch.input_ids, tokens], dim=1), mask, positions)
+
+    def without_last(self, batch: Batch, tokens: int) -> Batch:
+        return self.prefix(batch, batch.predicted_ids.shape[1] - tokens)
+
+    def rows_of(self, batch: Batch, index: Tensor) -> Batch:
+        """The batch whose row ``i`` is ``batch``'s row ``index[i]`` (its source too)."""
+        return Batch(**select_rows(dataclasses.asdict(batch), index, batch.size))
+
+    @staticmethod
+    def real(batch: Batch) -> Tensor:
+        """``[B, T]`` True at the predicted side's real tokens."""
+        mask = batch.predicted_mask
+        return torch.ones(batch.predicted_ids.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
+
+
+def decoded(adapter: Adapter, state: Any, tokens: Tensor, sizes: Sequence[int]) -> tuple[Tensor, Any]:
+    """Feed ``tokens [B, n]`` in steps of ``sizes``: their logits ``[B, n, V]`` and the state."""
+    pieces, start = [], 0
+    for n in sizes:
+        logits, state = adapter.step(state, tokens[:, start : start + n])  # [B, n, V]
+        pieces.append(logits)
+        start += n
+    return torch.cat(pieces, dim=1), state
+
+
+def last_columns(batch: Batch, count: int) -> Tensor:
+    """``[B, T]`` True at the last ``count`` positions of the predicted side."""
+    where = torch.zeros(batch.predicted_ids.shape, dtype=torch.bool)
+    where[:, where.shape[1] - count :] = True
+    return where
+
+
+#: the same decode without the serving operation: (its full batch, its cached logits [B, n, V])
+Control = Callable[[], tuple[Batch, Tensor]]
+
+
+def against_full_forward(
+    b: ServingBatches,
+    context: RunContext,
+    full: Batch,
+    cached: Tensor,
+    what: str,
+    control: tuple[str, Control] | None = None,
+) -> Evaluation:
+    """``cached [B, n, V]`` against the last ``n`` positions of the full forward of ``full``.
+
+    ``control``: the operation's name and the same decode without it, run only for a case
+    that fails, so the message says whether the operation broke the decode or the cache
+    was wrong before it (which ``kv_cache`` names)."""
+
+    def judged(full: Batch, cached: Tensor, what: str, floor: float | None = None) -> Evaluation:
+        count = cached.shape[1]
+        where = last_columns(full, count)
+
+        def judge(logits: Tensor, floor: float) -> Outcome:  # logits [B, T, V]
+            test = logits.clone()
+            test[:, -count:] = cached.to(test.device)  # positions count from the sequence's start
+            return shape_change_outcome(context, logits, test, where, floor, what)
+
+        if floor is not None:
+            return judge((yield Logits(b.adapter, full)), floor)
+        return (yield from with_floor(b.adapter, full, where, judge))
+
+    outcome = yield from judged(full, cached, what)
+    if outcome.status != "fail" or control is None:
+        return outcome
+    operation, without = control
+    alone = yield from judged(*without(), f"the same decode without the {operation}", outcome.floor)
+    if alone.status == "fail":
+        outcome.message += (
+            f"; the same decode without the {operation} differs from the full forward too (max |d log p| = "
+            f"{alone.max_diff:.3g}): the cache is wrong before any {operation}, as kv_cache's incremental check says"
+        )
+    else:
+        outcome.message += (
+            f"; the same decode without the {operation} equals the full forward (max |d log p| = "
+            f"{alone.max_diff:.3g} <= {alone.threshold:.3g}): the {operation} breaks it"
+        )
+    return outcome
+
+
+def same_computation(
+    context: RunContext,
+    fresh: Tensor,
+    again: Tensor,
+    tested: Sequence[tuple[Tensor, str]],
+    where: Tensor | None = None,
+) -> Outcome:
+    """Each ``tested`` logits ``[B, n, V]`` against ``fresh`` at ``where [B, n]`` (default:
+    everywhere) under the same-shape rule, at the floor of ``again`` (the fresh computation
+    repeated): the first that moves fails."""
+    where = torch.ones(fresh.shape[:2], dtype=torch.bool) if where is None else where
+    floor = compare_logits(fresh, again, where).max_diff
+    worst = Outcome("pass")
+    for logits, what in tested:
+        comparison = compare_logits(fresh, logits, where)
+        outcome = verdict(comparison, floor, context.tolerance.same_shape(floor, context.dtype, comparison.scale), what)
+        if outcome.status != "pass":
+            return outcome
+        worst = outcome if outcome.ratio >= worst.ratio else worst
+    return worst
+
+
+def supported(probe: Callable[[], Any]) -> str | None:
+    """None when ``probe`` runs; the reason when the cache says it cannot. Any other error
+    is left to the check, which then reports it on a real case."""
+    try:
+        probe()
+    except ServingUnsupported as exc:
+        return str(exc)
+    except (AdapterError, RuntimeError, ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+class ServingSuite(Suite):
+    name = "serving"
+    summary = "rollback, row reorders, reuse and copies of the cache give a fresh decode's logits"
+    order = 65
+    kind = "state"
+    in_sweep = True
+    # Its checks fix their own path: cached decoding as a server drives it.
+    call_paths = False
+
+    def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.has_cache:
+            return capabilities.no_cache_reason or "the model declares no KV cache"
+        return None
+
+    def checks(self, adapter: Adapter, context: RunContext) -> list:
+        b = ServingBatches(adapter)
+        caps = adapter.capabilities
+        support = self.support(b)
+        prompts = prompt_lengths(caps, context.profile)
+        sources = source_paddings(caps)
+        seeds = st.integers(0, 2**16)
+        tokens = st.integers(1, MAX_CHUNK)
+
+        def check(name: str, evaluate: Callable[[Any], Any], strategy: Any, reason: str | None) -> Any:
+            if reason is not None:
+                return CheckResult(name, "not_applicable", reason)
+            return Check(name, evaluate, strategy, max_examples=self.examples(context), on_paths=False)
+
+        rows_cases = case_strategy(
+            RowsCase,
+            prompt_lengths=st.lists(prompts, min_size=2, max_size=3),
+            before=tokens,
+            after=tokens,
+            order_seed=seeds,
+            source_padding=sources,
+            seed=seeds,
+        )
+        result = [
+            check(
+                "rollback",
+                lambda c: self.rollback(b, context, c),
+                case_strategy(
+                    RollbackCase,
+                    prompt_lengths=st.lists(prompts, min_size=1, max_size=3),
+                    drafted=tokens,
+                    rejected=tokens,
+                    new_tokens=tokens,
+                    source_padding=sources,
+                    seed=seeds,
+                ),
+                support["rollback"],
+            ),
+            *(
+                check(
+                    ROW_CHECKS[operation],
+                    lambda c, operation=operation: self.rearranged(b, context, operation, c),
+                    rows_cases,
+                    support[operation],
+                )
+                for operation in ROW_OPERATIONS
+            ),
+            check(
+                "reuse",
+                lambda c: self.reuse(b, context, c),
+                self.reuse_cases(caps, context.profile, sources),
+                support["reuse"],
+            ),
+            check(
+                "shared_prefix",
+                lambda c: self.shared_prefix(b, context, c),
+                case_strategy(
+                    SharedPrefixCase,
+                    prompt_lengths=st.lists(prompts, min_size=1, max_size=3),
+                    first=tokens,
+                    second=tokens,
+                    more=tokens,
+                    source_padding=sources,
+                    seed=seeds,
+                ),
+                support["share"],
+            ),
+            self.eviction_check(b, context, support["rollback"]),
+        ]
+        for implementation, name in CACHE_IMPLEMENTATION_CHECKS.items():
+            result.append(self.implementation_check(b, context, implementation, name, sources))
+        return result
+
+    @staticmethod
+    def examples(context: RunContext) -> int:
+        """Half the profile's cases: each case is several decodes (a fresh one beside the
+        operated one), and one case exercises the operation at every row and layer at once."""
+        return max(4, context.examples // 2)
+
+    # -- what the cache can do, measured on a probe decode -------------------------------------
+
+    def support(self, b: ServingBatches) -> dict[str, str | None]:
+        """Each operation's reason to be n/a (None: it runs), from 2 rows of 3 tokens decoded 2 more."""
+        adapter = b.adapter
+        _, prompt = b.prompt([3, 2], 97, 0)
+        more = b.tokens(prompt.size, 2, 98)
+
+        def decoded_state(rollback: bool = False) -> Any:
+            return adapter.step(adapter.prefill(prompt, rollback=rollback)[1], more)[1]
+
+        answers = {
+            "rollback": supported(lambda: adapter.rollback(decoded_state(rollback=True), 1)),
+            "reuse": supported(lambda: adapter.reuse(decoded_state(), prompt)),
+            "share": supported(lambda: adapter.step(adapter.share(decoded_state()), more)),
+        }
+        for operation in ROW_OPERATIONS:
+            answers[operation] = supported(
+                lambda o=operation: adapter.rearrange(decoded_state(), o, row_index(o, prompt.size, 0))
+            )
+        return answers
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def rollback(self, b: ServingBatches, context: RunContext, case: RollbackCase) -> Evaluation:
+        """Draft tokens are verified in one forward and the next ones too, as assisted decoding feeds them."""
+        rejected = min(case.rejected, case.drafted)
+        _, prompt = b.prompt(case.prompt_lengths, case.seed, case.source_padding)
+        draft = b.tokens(prompt.size, case.drafted, case.seed + 17)
+        new = b.tokens(prompt.size, case.new_tokens, case.seed + 23)
+        kept_draft = draft[:, : case.drafted - rejected]
+        _, state = b.adapter.prefill(prompt, rollback=True)
+        _, state = decoded(b.adapter, state, draft, [case.drafted])
+        state = b.adapter.rollback(state, rejected)
+        cached, _ = decoded(b.adapter, state, new, [case.new_tokens])
+        full = b.appended(b.appended(prompt, kept_draft), new)
+
+        def without_rollback() -> tuple[Batch, Tensor]:
+            _, state = b.adapter.prefill(prompt)
+            if kept_draft.shape[1]:
+                _, state = decoded(b.adapter, state, kept_draft, [kept_draft.shape[1]])
+            return full, decoded(b.adapter, state, new, [case.new_tokens])[0]
+
+        what = (
+            f"after decoding {case.drafted} draft token(s) and rolling back {rejected}, the next "
+            f"{case.new_tokens} token(s) decoded with the cache differ from the full forward of the kept "
+            "prefix and them"
+        )
+        return (yield from against_full_forward(b, context, full, cached, what, ("rollback", without_rollback)))
+
+    def rearranged(self, b: ServingBatches, context: RunContext, operation: str, case: RowsCase) -> Evaluation:
+        """One token a step, as beam search and sampling decode."""
+        _, prompt = b.prompt(case.prompt_lengths, case.seed, case.source_padding)
+        before = b.tokens(prompt.size, case.before, case.seed + 17)
+        index = row_index(operation, prompt.size, case.order_seed)
+        after = b.tokens(index.numel(), case.after, case.seed + 29)  # each new row its own tokens
+        _, state = b.adapter.prefill(prompt)
+        _, state = decoded(b.adapter, state, before, [1] * case.before)
+        state = b.adapter.rearrange(state, operation, index)
+        cached, _ = decoded(b.adapter, state, after, [1] * case.after)
+        grown = b.appended(prompt, before)
+
+        def without_rearranging() -> tuple[Batch, Tensor]:
+            """The rows kept, in their own order, each continued with the tokens of a row that holds it."""
+            holder = {int(source): i for i, source in enumerate(index)}
+            kept = torch.tensor(sorted(holder))
+            own = after[[holder[int(r)] for r in kept]]  # [B', n]
+            _, state = b.adapter.prefill(b.rows_of(prompt, kept))
+            _, state = decoded(b.adapter, state, before[kept], [1] * case.before)
+            return b.appended(b.rows_of(grown, kept), own), decoded(b.adapter, state, own, [1] * case.after)[0]
+
+        what = (
+            f"after the cache's rows were rearranged ({operation}, row i now holds row {index.tolist()}[i]), the next "
+            f"{case.after} token(s) of each row differ from the full forward of the row it holds"
+        )
+        full = b.appended(b.rows_of(grown, index), after)
+        return (yield from against_full_forward(b, context, full, cached, what, (operation, without_rearranging)))
+
+    @staticmethod
+    def reuse_cases(caps: Capabilities, profile: str, sources: Any) -> Any:
+        """The first request's prompts as ``kv_cache`` draws them; the next request's short,
+        so that it fits in a static cache sized for the first."""
+        short, _ = longest_prompt(caps, profile)
+        return case_strategy(
+            ReuseCase,
+            first_lengths=st.lists(prompt_lengths(caps, profile), min_size=1, max_size=3),
+            second_lengths=st.lists(st.integers(1, short), min_size=3, max_size=3),
+            first_steps=st.integers(0, MAX_CHUNK),
+            steps=st.integers(1, MAX_CHUNK),
+            source_padding=sources,
+            seed=st.integers(0, 2**16),
+        )
+
+    def reuse(self, b: ServingBatches, context: RunContext, case: ReuseCase, adapter: Adapter | None = None) -> Outcome:
+        adapter = adapter or b.adapter
+        second_lengths = case.second_lengths[: len(case.first_lengths)]
+        _, second = b.prompt(second_lengths, case.seed + 5, case.source_padding)
+        more = b.tokens(second.size, case.steps, case.seed + 7)
+
+        def after(first_seed: int | None) -> Tensor:
+            """The next request's logits ``[B, T + n, V]``: in a cache reused after a first
+            request drawn from ``first_seed``, or (None) in a fresh one."""
+            if first_seed is None:
+                prompt_logits, state = adapter.prefill(second)
+            else:
+                _, first = b.prompt(case.first_lengths, first_seed, case.source_padding)
+                _, state = adapter.prefill(first)
+                if case.first_steps:
+                    _, state = decoded(
+                        adapter, state, b.tokens(first.size, case.first_steps, first_seed + 3), [case.first_steps]
+                    )
+                prompt_logits, state = adapter.reuse(state, second)
+            logits, _ = decoded(adapter, state, more, [1] * case.steps)  # one token a step, as generate()
+            return torch.cat([prompt_logits, logits], dim=1)
+
+        fresh, again = after(None), after(None)
+        real = torch.cat([b.real(second), torch.ones(second.size, case.steps, dtype=torch.bool)], dim=1)  # [B, T + n]
+        return same_computation(
+            context,
+            fresh,
+            again,
+            [
+                (
+                    after(case.seed),
+                    "a cache reset and filled by the next request gives other logits than a fresh cache",
+                ),
+                (
+                    after(case.seed + 1),
+                    "the next request's logits in a reused cache move when the previous request's ids change: "
+                    "one request's state reaches another's",
+                ),
+            ],
+            real,
+        )
+
+    def shared_prefix(self, b: ServingBatches, context: RunContext, case: SharedPrefixCase) -> Outcome:
+        adapter = b.adapter
+        _, prompt = b.prompt(case.prompt_lengths, case.seed, case.source_padding)
+        first, more = (
+            b.tokens(prompt.size, case.first, case.seed + 11),
+            b.tokens(prompt.size, case.more, case.seed + 13),
+        )
+        second = b.tokens(prompt.size, case.second, case.seed + 19)
+
+        def fresh(*suffixes: Tensor) -> Tensor:
+            state = adapter.prefill(prompt)[1]
+            pieces = []
+            for suffix in suffixes:
+                logits, state = decoded(adapter, state, suffix, [suffix.shape[1]])
+                pieces.append(logits)
+            return torch.cat(pieces, dim=1)  # [B, n, V]
+
+        _, original = adapter.prefill(prompt)
+        copy = adapter.share(original)
+        first_logits, copy = decoded(adapter, copy, first, [case.first])
+        second_logits, original = decoded(adapter, original, second, [case.second])
+        more_logits, _ = decoded(adapter, copy, more, [case.more])
+        one = same_computation(
+            context,
+            fresh(first, more),
+            fresh(first, more),
+            [
+                (
+                    torch.cat([first_logits, more_logits], dim=1),
+                    "a copy of a prompt's cache, continued while the original was continued with another suffix, "
+                    "gives other logits than a fresh decode of the prompt and its own suffix",
+                )
+            ],
+        )
+        if one.status != "pass":
+            return one
+        other = same_computation(
+            context,
+            fresh(second),
+            fresh(second),
+            [
+                (
+                    second_logits,
+                    "a prompt's cache continued after a copy of it was continued gives other logits than a fresh "
+                    "decode of the prompt and its suffix: the copy shares state with the original",
+                )
+            ],
+        )
+        return other if other.status != "pass" or other.ratio >= one.ratio else one
+
+    @staticmethod
+    def smallest_window(adapter: Adapter) -> int | None:
+        """The model's window, or its layers' smallest (hybrids slide on some layers only)."""
+        windows = [w for w in (adapter.declared_layer_windows() or []) if w]
+        return adapter.capabilities.window or (min(windows) if windows else None)
+
+    def eviction_check(self, b: ServingBatches, context: RunContext, rollback: str | None) -> Any:
+        window = self.smallest_window(b.adapter)
+        if window is None:
+            return CheckResult(
+                "window_eviction", "not_applicable", "the model declares no sliding window, so its cache evicts nothing"
+            )
+        room = (b.caps.max_length or 4 * window + 64) - 2 * window - MAX_CHUNK
+        if room < 1:
+            return CheckResult(
+                "window_eviction",
+                "not_applicable",
+                f"the model's {b.caps.max_length} positions leave no room to decode past twice its window of {window}",
+            )
+        cases = case_strategy(
+            EvictionCase,
+            prompt=st.integers(1, window),
+            past_window=st.integers(1, min(room, MAX_CHUNK * 2)),
+            rejected=st.integers(1, window + 1),
+            new_tokens=st.integers(1, MAX_CHUNK),
+            seed=st.integers(0, 2**16),
+        )
+        return Check(
+            "window_eviction",
+            lambda c: self.eviction(b, context, c, rollback),
+            cases,
+            max_examples=self.examples(context),
+            on_paths=False,
+        )
+
+    def eviction(self, b: ServingBatches, context: RunContext, case: EvictionCase, rollback: str | None) -> Evaluation:
+        window = self.smallest_window(b.adapter)
+        assert window is not None
+        _, prompt = b.prompt([case.prompt], case.seed, 0)
+        decoded_count = 2 * window + case.past_window - case.prompt
+        later = b.tokens(1, decoded_count, case.seed + 17)
+        sizes = steps(decoded_count, case.seed)
+        _, state = b.adapter.prefill(prompt)
+        cached, _ = decoded(b.adapter, state, later, sizes)
+        full = b.appended(prompt, later)
+        what = (
+            f"decoding {decoded_count} token(s) past a prompt of {case.prompt}, beyond twice the window of "
+            f"{window}, differs from the full forward"
+        )
+        outcome = yield from against_full_forward(b, context, full, cached, what)
+        if outcome.status != "pass" or rollback is not None:  # no rollback to check: said in the message
+            if outcome.status == "pass":
+                outcome.message = f"rollback across the window's edge not checked: {rollback}"
+            return outcome
+        rejected = min(case.rejected, decoded_count)
+        new = b.tokens(1, case.new_tokens, case.seed + 23)
+        _, state = b.adapter.prefill(prompt, rollback=True)
+        _, state = decoded(b.adapter, state, later, sizes)
+        state = b.adapter.rollback(state, rejected)
+        after, _ = decoded(b.adapter, state, new, steps(case.new_tokens, case.seed + 1))
+        what = (
+            f"after decoding {decoded_count} token(s) past the window of {window} and rolling back {rejected} "
+            "across its edge, the next tokens differ from the full forward"
+        )
+        return (
+            yield from against_full_forward(b, context, b.appended(b.without_last(full, rejected), new), after, what)
+        )
+
+    def implementation_check(
+        self, b: ServingBatches, context: RunContext, implementation: str, name: str, sources: Any
+    ) -> Any:
+        available = b.adapter.cache_implementations()
+        if implementation not in available:
+            return CheckResult(
+                name,
+                "not_applicable",
+                "the model has one cache implementation, its own: kv_cache and the checks above audit it",
+            )
+        try:
+            other = b.adapter.with_cache_implementation(implementation)
+        except ServingUnsupported as exc:
+            return CheckResult(name, "not_applicable", str(exc))
+        other_batches = ServingBatches(other)
+        return Check(
+            name,
+            lambda c: self.implementation(other_batches, context, implementation, c),
+            self.reuse_cases(b.caps, context.profile, sources),
+            max_examples=self.examples(context),
+            on_paths=False,
+        )
+
+    def implementation(
+        self, b: ServingBatches, context: RunContext, implementation: str, case: ReuseCase
+    ) -> Evaluation:
+        _, prompt = b.prompt(case.first_lengths, case.seed, case.source_padding)
+        more = b.tokens(prompt.size, case.steps, case.seed + 7)
+        _, state = b.adapter.prefill(prompt)
+        cached, _ = decoded(b.adapter, state, more, [1] * case.steps)  # one token a step, as generate()
+        what = f"decoding with the {implementation} cache differs from the full forward"
+        outcome = yield from against_full_forward(b, context, b.appended(prompt, more), cached, what)
+        if outcome.status != "pass":
+            return outcome
+        reused = self.reuse(b, context, case, b.adapter)
+        if reused.status != "pass":
+            reused.message = f"with the {implementation} cache: {reused.message}"
+        return reused if reused.status != "pass" or reused.ratio >= outcome.ratio else outcome
