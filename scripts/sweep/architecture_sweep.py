@@ -4,6 +4,7 @@
     python scripts/sweep/architecture_sweep.py --task all            # then masked-LM and seq2seq types
     python scripts/sweep/architecture_sweep.py --types gpt2,llama    # a few types
     python scripts/sweep/architecture_sweep.py --render              # docs/architectures.md from the results
+    python scripts/sweep/architecture_sweep.py --task all --suites serving   # add a suite to every record
 
 Each (type, attention implementation) is audited in its own subprocess with one torch
 thread and a time limit, so one type that hangs or crashes costs only itself. Results
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
@@ -31,7 +32,9 @@ TASKS = ("causal-lm", "masked-lm", "seq2seq")
 MEMORY_LIMIT = 8 * 2**30  # bytes of address space for one audit's process
 
 
-def audit_one(model_type: str, task: str, implementation: str, profile: str) -> dict[str, Any]:
+def audit_one(
+    model_type: str, task: str, implementation: str, profile: str, suites: Sequence[str] | None = None
+) -> dict[str, Any]:
     """One audit, in this process: the record the sweep writes."""
     import torch
     import transformers
@@ -71,7 +74,7 @@ def audit_one(model_type: str, task: str, implementation: str, profile: str) -> 
     )  # whole: a default that depends on another field (layer lists) must not come back wrong
     record["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     try:
-        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), sweep_suites(), profile=profile)
+        result = audit(HFAdapter(model, f"hf-type:{model_type}", task=task), suites or sweep_suites(), profile=profile)
     except Exception as exc:  # noqa: BLE001
         record.update(error=f"{type(exc).__name__}: {first_line(exc)}", seconds=round(time.perf_counter() - started, 2))
         return record
@@ -128,8 +131,54 @@ def done(path: Path) -> set[tuple[str, str, str]]:
     return keys
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def add_suites(args: argparse.Namespace, suites: list[str]) -> int:
+    """Audit ``suites`` alone on every built record that lacks them (all with --again) and
+    merge their verdicts into it; the file is rewritten after each audit, so an interrupted
+    run keeps what it did."""
+    records = read_records(args.out)
+    tasks = TASKS if args.task == "all" else (args.task,)
+    implementations = [i.strip() for i in args.implementations.split(",") if i.strip()]
+    plan = [
+        index
+        for index, r in enumerate(records)
+        if r.get("built") and "suites" in r and r["task"] in tasks and r["implementation"] in implementations
+        if not args.types or r["type"] in args.types.split(",")
+        if args.again or not all(name in r["suites"] for name in suites)
+    ]
+    print(f"sweep: adding {','.join(suites)} to {len(plan)} records of {args.out}", file=sys.stderr)
+    started = time.perf_counter()
+    for done_count, index in enumerate(plan, 1):
+        record = records[index]
+        fresh = run_isolated(
+            record["type"], record["task"], record["implementation"], args.profile, args.timeout, suites
+        )
+        if "suites" in fresh:
+            record["suites"].update(fresh["suites"])
+            record.setdefault("added_seconds", {})[",".join(suites)] = fresh.get("seconds")
+        else:  # the audit of these suites failed: recorded as each suite's error
+            message = fresh.get("error", "no result")
+            record["suites"].update({name: {"status": "error", "message": message} for name in suites})
+        args.out.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+        statuses = " ".join(f"{k}={record['suites'][k]['status']}" for k in suites)
+        elapsed = time.perf_counter() - started
+        print(
+            f"[{done_count}/{len(plan)} {elapsed / 60:.1f} min] {record['task']} {record['type']} "
+            f"{record['implementation']}: {statuses[:160]}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 0
+
+
 def sweep(args: argparse.Namespace) -> int:
     from maskcheck.reference_models.hf_tiny import model_types
+
+    if args.suites:
+        return add_suites(args, [name.strip() for name in args.suites.split(",") if name.strip()])
 
     tasks = TASKS if args.task == "all" else (args.task,)
     implementations = [i.strip() for i in args.implementations.split(",") if i.strip()]
@@ -161,7 +210,9 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_isolated(model_type: str, task: str, implementation: str, profile: str, timeout: float) -> dict[str, Any]:
+def run_isolated(
+    model_type: str, task: str, implementation: str, profile: str, timeout: float, suites: Sequence[str] = ()
+) -> dict[str, Any]:
     command = [
         sys.executable,
         __file__,
@@ -174,6 +225,8 @@ def run_isolated(model_type: str, task: str, implementation: str, profile: str, 
         "--profile",
         profile,
     ]
+    if suites:
+        command += ["--suites", ",".join(suites)]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
     record = {"type": model_type, "task": task, "implementation": implementation}
     try:
@@ -200,11 +253,15 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=180, help="seconds per audit (default: 180)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON lines (default: {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--again", action="store_true", help="rerun audits already in the results")
+    parser.add_argument(
+        "--suites", help="audit only these suites (comma-separated) and merge them into the records already there"
+    )
     parser.add_argument("--render", action="store_true", help="write docs/architectures.md from the results and stop")
     parser.add_argument("--one", metavar="TYPE", help=argparse.SUPPRESS)  # the subprocess of one audit
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(audit_one(args.one, args.task, args.implementations, args.profile), default=str))
+        suites = args.suites.split(",") if args.suites else None
+        print(json.dumps(audit_one(args.one, args.task, args.implementations, args.profile, suites), default=str))
         return 0
     if args.render:
         from render_architectures import render
