@@ -408,6 +408,13 @@ def _tiny_hf(kind: str, attn_implementation: str) -> Any:
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()
 
 
+def _cache_bug(layer: str) -> Any:
+    """The tiny Llama whose generation cache's dynamic layers are ``serving_bugs.<layer>``."""
+    from . import serving_bugs
+
+    return serving_bugs.with_cache_layer(_tiny_hf("llama", "sdpa"), getattr(serving_bugs, layer))
+
+
 def _mistral(window_dropped: bool) -> Any:
     """A tiny Mistral with a real-width sliding window (512 tokens); with ``window_dropped``
     its mask builder makes a plain causal mask, as a model class that forgets to build the
@@ -623,6 +630,30 @@ MUTANTS: dict[str, Mutant] = {
                 ("rollback_keeps_position", "rollback", "rollback"),
                 ("reorder_keys_only", "reorder", "beam_reorder"),
                 ("reset_keeps_last_layer", "reset", "reuse"),
+            )
+        ),
+        *(
+            Mutant(
+                name,
+                "serving",
+                check,
+                description,
+                functools.partial(_cache_bug, layer),
+                lambda: _tiny_hf("llama", "sdpa"),
+            )
+            for name, layer, check, description in (
+                (
+                    "hf_llama_reorder_keys_only",
+                    "ReorderKeysOnlyLayer",
+                    "beam_reorder",
+                    "Llama whose generation cache reorders the keys for beam search and not the values",
+                ),
+                (
+                    "hf_llama_crop_keeps_values",
+                    "CropKeepsValuesLayer",
+                    "rollback",
+                    "Llama whose generation cache's rollback (crop) crops the keys and not the values",
+                ),
             )
         ),
         _hf(

@@ -95,7 +95,7 @@ def reproduce(
 ) -> dict:
     command = [
         sys.executable,
-        str(ROOT / "scripts" / "reproduce_finding.py"),
+        str(Path(__file__).resolve().parent / "reproduce_finding.py"),
         model_type,
         check,
         "--task",

@@ -22,6 +22,7 @@ keeps its float32 result, and the script says so.
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
+| serving | after a rollback (crop), row reorders (reorder_cache, batch_select_indices, batch_repeat_interleave), with the static cache and past a sliding window: the cached logits vs the full forward; a cache reset and reused by another request, and a prompt cache copied and continued: vs a fresh decode (same shapes) |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
 | cross_attention | an encoder-decoder's decoder logits when the ids in left-padded source slots change (source mask given); a right-padded source against the source alone |
 | positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
@@ -466,6 +467,209 @@ def chunk_after_cache(model: torch.nn.Module, row: torch.Tensor) -> float:
     return float((log_probs(model, input_ids=row)[:, 4:] - F.log_softmax(step.double(), -1)).abs().max())
 
 
+class Decoding:
+    """One request decoded the way generate() drives the model: its own cache preparation,
+    input preparation and kwargs update (an encoder-decoder decodes against a fixed source)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rows: torch.Tensor,
+        implementation: str | None = None,
+        cache: object = None,
+        record_past: bool = False,
+    ) -> None:
+        from transformers import GenerationConfig
+        from transformers.generation.utils import GenerationMode
+
+        self.model, self.ids = model, rows
+        seq2seq = model.config.is_encoder_decoder
+        self.mask_key = "decoder_attention_mask" if seq2seq else "attention_mask"
+        self.kwargs: dict = {"use_cache": True, self.mask_key: torch.ones_like(rows)}
+        if seq2seq:
+            source = ids(model, 5, seed=SOURCE_SEED).expand(rows.shape[0], -1)
+            with torch.no_grad():
+                self.kwargs["encoder_outputs"] = model.get_encoder()(input_ids=source, return_dict=True)
+            self.kwargs["attention_mask"] = torch.ones_like(source)
+        if cache is not None:
+            self.kwargs["cache"] = cache
+        else:
+            config = GenerationConfig(
+                use_cache=True, cache_implementation=implementation, num_beams=1, num_return_sequences=1
+            )
+            model._prepare_cache_for_generation(config, self.kwargs, GenerationMode.GREEDY_SEARCH, rows.shape[0], 64)
+        if record_past:
+            self.kwargs["cache"].activate_past_recording()  # as assisted decoding prepares its cache
+        with torch.no_grad():
+            inputs = model.prepare_inputs_for_generation(rows, is_first_iteration=True, **self.kwargs)
+            if "logits_to_keep" in inputs:  # hybrids prepare 1: every fed position is compared
+                inputs["logits_to_keep"] = 0
+            self.output = model(**inputs, return_dict=True)
+        self.logits = F.log_softmax(self.output.logits.double(), -1)  # [B, T, V]
+
+    @property
+    def cache(self) -> object:
+        return self.output.cache if getattr(self.output, "cache", None) is not None else self.kwargs.get("cache")
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens [B, n]`` in one forward; their log-probabilities [B, n, V]."""
+        n = tokens.shape[1]
+        seq2seq = self.model.config.is_encoder_decoder
+        self.kwargs = self.model._update_model_kwargs_for_generation(
+            self.output, self.kwargs, is_encoder_decoder=seq2seq, num_new_tokens=n
+        )
+        self.ids = torch.cat([self.ids, tokens], dim=1)
+        with torch.no_grad():
+            inputs = self.model.prepare_inputs_for_generation(self.ids, next_sequence_length=n, **self.kwargs)
+            if "logits_to_keep" in inputs:
+                inputs["logits_to_keep"] = 0
+            self.output = self.model(**inputs, return_dict=True)
+        return F.log_softmax(self.output.logits.double(), -1)
+
+    def drop_last(self, tokens: int) -> None:
+        """Roll back ``tokens`` with the cache's crop, and the mask with it."""
+        self.cache.crop(-tokens)
+        self.ids = self.ids[:, :-tokens]
+        self.kwargs[self.mask_key] = self.kwargs[self.mask_key][:, :-tokens]
+        self.kwargs.pop("position_ids", None)
+
+    def rows(self, index: torch.Tensor, method: str) -> None:
+        """Rearrange the rows with the cache's own ``method`` and the kwargs with them."""
+        cache = self.cache
+        getattr(cache, method)(2 if method == "batch_repeat_interleave" else index)
+        self.ids = self.ids[index]
+        self.kwargs[self.mask_key] = self.kwargs[self.mask_key][index]
+        self.kwargs.pop("position_ids", None)
+        if "encoder_outputs" in self.kwargs:
+            self.kwargs["encoder_outputs"]["last_hidden_state"] = self.kwargs["encoder_outputs"]["last_hidden_state"][
+                index
+            ]
+            self.kwargs["attention_mask"] = self.kwargs["attention_mask"][index]
+
+
+def serving(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """What a server does with the cache, each against a fresh computation: rolling back a
+    draft token (crop(-1)), reordering rows (reorder_cache, batch_select_indices,
+    batch_repeat_interleave), decoding with the static cache, decoding past a sliding window
+    (each against the full forward: a finding beyond rounding); and a cache reset and reused
+    by another request, a prompt's cache copied (copy.deepcopy) and continued (each against
+    a fresh decode of the same shapes: any difference is a finding). Prints each; returns the
+    largest difference and whether any is a finding."""
+    import copy
+
+    def full(rows: torch.Tensor) -> torch.Tensor:
+        return predicted(model, rows)  # [B, T, V] log-probabilities
+
+    def layers_have(cache: object, method: str) -> bool:
+        part = getattr(cache, "self_attention_cache", cache)
+        return all(hasattr(layer, method) for layer in getattr(part, "layers", []))
+
+    across, same = [], []  # differences across shapes (cache vs full) and of the same computation
+    prompt, more = (
+        torch.cat([ids(model, 4, seed=1), ids(model, 4, seed=2)]),
+        torch.cat([ids(model, 3, seed=4), ids(model, 3, seed=5)]),
+    )
+    plain = Decoding(model, prompt[:1], record_past=True)
+    if plain.cache is not None and getattr(plain.cache, "is_croppable", False):
+        plain.step(more[:1, :2])
+        plain.drop_last(1)
+        after = plain.step(more[:1, 2:3])
+        kept = torch.cat([prompt[:1], more[:1, :1], more[:1, 2:3]], dim=1)
+        across.append(
+            (
+                "decoding 2 draft tokens, rolling back 1 (crop(-1)), decoding 1",
+                float((after[:, -1] - full(kept)[:, -1]).abs().max()),
+            )
+        )
+    index = torch.tensor([1, 0])
+    for method, kept_rows in (
+        ("reorder_cache", index),
+        ("batch_select_indices", torch.tensor([1])),
+        ("batch_repeat_interleave", torch.tensor([0, 0, 1, 1])),
+    ):
+        decoding = Decoding(model, prompt)
+        if decoding.cache is None or not layers_have(decoding.cache, method):
+            print(f"{method}: the cache has none")
+            continue
+        decoding.step(more[:, :1])
+        decoding.rows(kept_rows, method)
+        tokens = ids(model, kept_rows.numel(), seed=9).T  # [B', 1]: each row its own token
+        after = decoding.step(tokens)[:, -1]
+        held = torch.cat([prompt[kept_rows], more[kept_rows, :1], tokens], dim=1)
+        across.append((f"{method} then one token a row", float((after - full(held)[:, -1]).abs().max())))
+    try:
+        static = Decoding(model, prompt, implementation="static")
+        if "Static" in type(getattr(static.cache, "self_attention_cache", static.cache)).__name__:
+            after = static.step(more[:, :1])
+            across.append(
+                (
+                    "the static cache",
+                    float((after[:, -1] - full(torch.cat([prompt, more[:, :1]], 1))[:, -1]).abs().max()),
+                )
+            )
+            second = torch.cat([ids(model, 4, seed=7), ids(model, 4, seed=8)])
+            static.cache.reset()
+            reused = Decoding(model, second, cache=static.cache)
+            reused_step = reused.step(more[:, 1:2])
+            fresh = Decoding(model, second, implementation="static")
+            same.append(
+                ("the static cache reset and reused", float((reused_step - fresh.step(more[:, 1:2])).abs().max()))
+            )
+    except Exception as exc:  # noqa: BLE001 - a model that refuses the static cache
+        print(f"the static cache: refused ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+    first = Decoding(model, torch.cat([ids(model, 4, seed=11), ids(model, 4, seed=12)]))
+    first.step(more[:, :1])
+    if first.cache is not None and hasattr(first.cache, "reset"):
+        first.cache.reset()
+        second = torch.cat([ids(model, 4, seed=7), ids(model, 4, seed=8)])
+        reused = Decoding(model, second, cache=first.cache)
+        fresh = Decoding(model, second)
+        same.append(
+            (
+                "a cache reset and reused by another request",
+                float(
+                    max(
+                        (reused.logits - fresh.logits).abs().max(),
+                        (reused.step(more[:, :1]) - fresh.step(more[:, :1])).abs().max(),
+                    )
+                ),
+            )
+        )
+        original = Decoding(model, prompt)
+        if original.cache is not None:
+            copied = copy.deepcopy(original)
+            ahead = copied.step(more[:, :1])
+            behind = original.step(more[:, 1:2])
+            fresh_a, fresh_b = Decoding(model, prompt), Decoding(model, prompt)
+            same.append(
+                (
+                    "a prompt cache copied and continued with two suffixes",
+                    float(
+                        max(
+                            (ahead - fresh_a.step(more[:, :1])).abs().max(),
+                            (behind - fresh_b.step(more[:, 1:2])).abs().max(),
+                        )
+                    ),
+                )
+            )
+    window = config_value(model.config.get_text_config(decoder=True), "sliding_window")
+    if isinstance(window, int) and window < 32:
+        decoding = Decoding(model, prompt[:1, :1])
+        row = ids(model, 2 * window + 4, seed=13)
+        steps = torch.cat([decoding.step(row[:, i : i + 1]) for i in range(row.shape[1])], dim=1)
+        across.append(
+            (
+                f"one token a step past twice the window of {window}",
+                float((steps - full(torch.cat([prompt[:1, :1], row], 1))[:, 1:]).abs().max()),
+            )
+        )
+    for what, difference in across + same:
+        print(f"{what}: max |d log p| = {difference:.3g}")
+    worst = max([d for _, d in across + same], default=0.0)
+    finding = any(beyond_rounding(d, model) for _, d in across) or any(d > 0.0 for _, d in same)
+    return worst, finding
+
+
 def loss_masking(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """The model's loss against cross-entropy of logits[t] and labels[t + 1] (-100 ignored),
     the loss of a left-padded row (labels -100 at the pads and the first real token) against
@@ -626,6 +830,7 @@ CHECKS = {
     "padding": padding,
     "packing": packing,
     "kv_cache": kv_cache,
+    "serving": serving,
     "loss_masking": loss_masking,
     "cross_attention": cross_attention,
     # the behaviours WARNs describe (scripts/sweep/confirm_findings.py --warnings)
