@@ -147,6 +147,7 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
         "loss_masking",
         "packing",
         "kv_cache",
+        "serving",
         "norm_checkpoint",
     }
     assert all(seconds >= 0 for suite in split.values() for seconds in suite)
