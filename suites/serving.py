@@ -638,6 +638,14 @@ class ServingSuite(Suite):
             other = b.adapter.with_cache_implementation(implementation)
         except ServingUnsupported as exc:
             return CheckResult(name, "not_applicable", str(exc))
+        except Exception as exc:  # noqa: BLE001 - transformers cannot build it: generate() would raise the same
+            return CheckResult(
+                name,
+                "not_applicable",
+                f"transformers cannot build the {implementation} cache for this model "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}), so generate() "
+                f"with cache_implementation={implementation!r} raises too",
+            )
         other_batches = ServingBatches(other)
         return Check(
             name,
