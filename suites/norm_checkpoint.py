@@ -63,6 +63,7 @@ class NormCheckpointSuite(Suite):
     order = 70
     kind = "state"
     call_paths = False  # the layout a checkpoint fits is the same on every call path
+    float32_twin = False  # and in every dtype: it scores the weights' fit, with its own margins
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         return None  # decided per evidence in checks(): a checkpoint's load evidence needs no layout

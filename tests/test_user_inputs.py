@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.adapters.paths import PATHS
 from maskcheck.harness.engine.profiles import length_cap
 from maskcheck.harness.engine.strategies import short_or_long
 from maskcheck.harness.engine.tolerance import EPS, tolerance_for
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.mutants import LONG_FROM
+from maskcheck.reference_models.plain import plain_decoder
 
 pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
 
@@ -92,3 +94,30 @@ def test_a_clean_bfloat16_gpt2_neither_warns_nor_hides_its_packing_leak() -> Non
     assert check_of(result, "causal", "declared_pattern").status == "pass"
     settings_check = check_of(result, "packing", "settings")
     assert settings_check.status == "warn" and "It leaks with" in settings_check.message, settings_check.message
+
+
+def test_a_bfloat16_cache_bug_below_the_dtype_rounding_fails_on_its_float32_twin() -> None:
+    """Cached against full is a comparison across shapes, whose bfloat16 threshold (0.28 here)
+    is larger than this leak: the model itself passes, its float32 copy fails, and the
+    verdict says on which path."""
+    from maskcheck.reference_models.mutants import build, build_clean
+
+    bug = audit(build("kv_cache_positions_restart").to(torch.bfloat16), ["kv_cache"])
+    incremental = next(c for c in bug.suite("kv_cache").checks if c.name == "incremental")
+    by_path = {p["path"]: p["status"] for p in incremental.paths}
+    assert by_path["canonical"] == "pass" and by_path["float32_twin"] == "fail", by_path
+    assert incremental.status == "fail" and incremental.message.startswith("on the float32_twin path")
+    clean = audit(build_clean("kv_cache_positions_restart").to(torch.bfloat16), ["kv_cache"])
+    assert clean.suite("kv_cache").status == "pass"
+
+
+def test_the_float32_twin_runs_only_for_low_precision_models_and_says_why_it_cannot() -> None:
+    from maskcheck.harness.adapters.specs import adapter_for
+
+    float32 = adapter_for(plain_decoder())
+    assert "float32_twin" not in [a.path.name for a in float32.paths()]
+    bf16 = adapter_for(plain_decoder().to(torch.bfloat16))
+    twin = {a.path.name: a.reason for a in bf16.paths()}
+    assert "float32_twin" in twin and twin["float32_twin"] is None
+    assert bf16.on_path(PATHS["float32_twin"]).capabilities.dtype == "float32"
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16  # the model itself is untouched

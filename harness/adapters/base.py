@@ -21,6 +21,7 @@ from torch import Tensor
 from .paths import (
     CANONICAL,
     DEFAULT_CACHE,
+    FLOAT32_TWIN,
     OTHER_PATHS,
     TRAINING,
     CallPath,
@@ -473,18 +474,48 @@ class Adapter(abc.ABC):
         if memo is None or memo.get(self.path) is not self:  # none yet, or one copied from another adapter
             memo = self.__dict__["_path_adapters"] = {self.path: self}
         if path not in memo:
-            other = copy.copy(self)
+            other = self.float32_twin() if path.twin else copy.copy(self)
             other.path = path
             other.__dict__["_path_base"] = self
             memo[path] = other
         return memo[path]
+
+    def float32_twin(self) -> "Adapter":
+        """This adapter over a float32 copy of the model's weights (made once; raises
+        :class:`AdapterError` for a model that cannot be copied or does not fit twice)."""
+        twin = self.__dict__.get("_float32_twin")
+        if twin is None:
+            model = self.model
+            if not isinstance(model, torch.nn.Module) or getattr(model, "hf_device_map", None):
+                raise AdapterError("the model is not one torch.nn.Module on one device, so it cannot be copied")
+            try:
+                copied = copy.deepcopy(model).float()
+            except (torch.OutOfMemoryError, RuntimeError, TypeError) as exc:
+                raise AdapterError(
+                    f"a float32 copy of the model could not be made: {type(exc).__name__}: {exc}"
+                ) from exc
+            twin = self.__dict__["_float32_twin"] = self._with_model(copied)
+        return twin
+
+    def _with_model(self, model: Any) -> "Adapter":
+        """A copy of this adapter calling ``model`` (the same model in another dtype)."""
+        other = copy.copy(self)
+        for key in ("_path_adapters", "_path_base", "_availability", "_float32_twin"):
+            other.__dict__.pop(key, None)
+        other.model = model
+        other.path = CANONICAL
+        dtype = next((str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()), None)
+        other.capabilities = dataclasses.replace(self.capabilities, dtype=dtype or self.capabilities.dtype)
+        return other
 
     def paths(self) -> list[PathAvailability]:
         """Every path besides the canonical one, each with why it cannot run here (None: it runs).
         Measured once per adapter: the training path needs two equal train-mode forwards."""
         known = self.__dict__.get("_availability")
         if known is None:
-            known = self.__dict__["_availability"] = [PathAvailability(p, self._unavailable(p)) for p in OTHER_PATHS]
+            low_precision = self.capabilities.dtype in ("bfloat16", "float16")
+            paths = [p for p in OTHER_PATHS if low_precision or not p.twin]  # a float32 model is its own twin
+            known = self.__dict__["_availability"] = [PathAvailability(p, self._unavailable(p)) for p in paths]
         return known
 
     def _unavailable(self, path: CallPath) -> str | None:
@@ -497,6 +528,15 @@ class Adapter(abc.ABC):
             return self._default_cache_unavailable()
         if path == TRAINING:
             return self._training_unavailable()
+        if path == FLOAT32_TWIN:
+            return self._twin_unavailable()
+        return None
+
+    def _twin_unavailable(self) -> str | None:
+        try:
+            self.float32_twin()
+        except AdapterError as exc:
+            return f"no float32 copy of the weights: {exc}"
         return None
 
     def _default_cache_unavailable(self) -> str | None:

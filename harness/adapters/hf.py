@@ -471,6 +471,14 @@ class HFAdapter(Adapter):
         """The class and the layout-bearing config fields it runs with (causal LMs; None otherwise)."""
         return hf_variants.layout(self.model) if self.task == "causal-lm" else None
 
+    def _with_model(self, model: Any) -> "HFAdapter":
+        other = super()._with_model(model)
+        assert isinstance(other, HFAdapter)
+        if self.generation is not None:
+            other.generation = copy.copy(self.generation)
+            other.generation.model = model
+        return other
+
     def layout_variants(self) -> Iterator[tuple[str, Adapter]]:
         """Sibling classes with the same parameter names, other rope bases, no final norm: see
         :mod:`.hf_variants`. Each variant runs as this adapter does, on its own model."""

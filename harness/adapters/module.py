@@ -313,6 +313,12 @@ class ModuleAdapter(Adapter):
         own = getattr(self.model, "fork", None)
         return ModuleState(call_model(own, state.cache) if callable(own) else copy.deepcopy(state.cache), state.mask)
 
+    def _with_model(self, model: Any) -> "ModuleAdapter":
+        other = super()._with_model(model)
+        assert isinstance(other, ModuleAdapter)
+        other._live = None  # the copy's buffers hold no request yet
+        return other
+
     # -- serving (optional protocol methods; the module docstring) ---------------------------
 
     def _serving_method(self, name: str, what: str) -> Callable[..., Any]:

@@ -35,6 +35,7 @@ class CallPath:
     mask_of_ones: bool = False  # plain batches: an explicit attention mask of ones
     default_cache: bool = False  # the forward's cache setting left at its default (``use_cache`` not passed)
     training: bool = False  # ``model.train()``, dropout off, gradients on: the training forward
+    twin: bool = False  # the same weights in float32, judged at float32's thresholds (low-precision models)
 
 
 CANONICAL = CallPath("canonical", "as each check builds its inputs: eval mode, no gradients, use_cache=False")
@@ -42,8 +43,16 @@ BARE_CALL = CallPath("bare_call", "model(input_ids) with no mask or position ids
 MASK_OF_ONES = CallPath("mask_of_ones", "an attention mask of ones wherever nothing is padded", mask_of_ones=True)
 DEFAULT_CACHE = CallPath("default_cache", "use_cache left at the model's default", default_cache=True)
 TRAINING = CallPath("training", "model.train() with dropout off and gradients on (the training forward)", training=True)
+#: A low-precision model's weights in float32: a check comparing two computations of other
+#: shapes (cached against full, padded against alone) must allow the dtype's rounding, which
+#: in bfloat16 is larger than many leaks; the mask's structure is the same in float32,
+#: where the threshold is 2**16 times tighter. Every check of the low-precision model still
+#: runs at its own dtype on the other paths; this one judges the structure.
+FLOAT32_TWIN = CallPath(
+    "float32_twin", "the same weights in float32, judged at float32's thresholds (the mask's structure)", twin=True
+)
 #: the paths besides the canonical one, in the order they run and are reported
-OTHER_PATHS = (BARE_CALL, MASK_OF_ONES, DEFAULT_CACHE, TRAINING)
+OTHER_PATHS = (BARE_CALL, MASK_OF_ONES, DEFAULT_CACHE, TRAINING, FLOAT32_TWIN)
 #: the one path of the gradient checks, which differentiate the training forward
 TRAINING_BACKWARD = CallPath(
     "training_backward", "the training forward and its backward to the token embeddings", training=True

@@ -174,6 +174,7 @@ def audit(
         tolerance = replace(tolerance, reference_error=reference_error)
     context = RunContext(
         tolerance=tolerance,
+        twin_tolerance=tolerance_for(adapter.capabilities.device, "float32", tolerance_overrides),
         dtype=adapter.capabilities.dtype,
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
@@ -416,18 +417,25 @@ class PathChecks:
     def __init__(self, suite: Any, adapter: Adapter, context: RunContext) -> None:
         self.suite, self.adapter = suite, adapter
         self.context = replace(context, examples=context.path_examples, decided={}, drawn={})
-        self.enabled = bool(getattr(suite, "call_paths", False)) and context.path_examples > 0
-        self.available = (
+        calls, twin = bool(getattr(suite, "call_paths", False)), bool(getattr(suite, "float32_twin", False))
+        chosen = (
             [a for a in adapter.paths() if context.paths is None or a.path.name in context.paths]
-            if self.enabled
+            if context.path_examples > 0
             else []
         )
+        self.available = [a for a in chosen if (twin if a.path.twin else calls)]
         self.planned: dict[str, dict[str, Check] | CheckResult] = {}
+
+    def context_on(self, path: Any) -> RunContext:
+        """The run's context on ``path``: the float32 twin is judged at float32's thresholds."""
+        if path.twin and self.context.twin_tolerance is not None:
+            return replace(self.context, dtype="float32", tolerance=self.context.twin_tolerance)
+        return self.context
 
     def checks_on(self, path: Any) -> dict[str, Check] | CheckResult:
         if path.name not in self.planned:
             try:
-                planned = self.suite.checks(self.adapter.on_path(path), self.context)
+                planned = self.suite.checks(self.adapter.on_path(path), self.context_on(path))
                 self.planned[path.name] = {c.name: c for c in planned if isinstance(c, Check)}
             except Exception as exc:  # a path on which the suite cannot plan: said on every check
                 self.planned[path.name] = CheckResult("setup", "error", _describe(exc))
@@ -445,13 +453,15 @@ class PathChecks:
         """``check``'s result over every path, given its ``canonical`` one (of ``cases`` cases,
         ``evaluated``). Each path replays the canonical cases that exercise the check most
         (``informative_cases``); with none to replay (a check decided earlier), it draws its own."""
-        if not self.enabled or not check.on_paths:
-            canonical.paths = [{"path": check.path, "status": canonical.status, "cases": cases}]
+        # A check the call path cannot change (check.on_paths False) still runs on the float32 twin.
+        usable = [a for a in self.available if check.on_paths or a.path.twin]
+        own = CANONICAL.name if check.on_paths else check.path
+        canonical.paths = [{"path": own, "status": canonical.status, "cases": cases}]
+        if not usable:
             return canonical
         replayed = informative_cases(evaluated, self.context.examples)
-        canonical.paths = [{"path": CANONICAL.name, "status": canonical.status, "cases": cases}]
         chosen = canonical
-        for available in self.available:
+        for available in usable:
             path = available.path
             reason = available.reason
             if reason is None and canonical.status in ("fail", "error", "not_run"):
@@ -471,7 +481,7 @@ class PathChecks:
             else:
                 before = result.cases
                 outcome = _run_one(
-                    planned[check.name], self.context, result, failures, self.suite.name, path.name, replayed
+                    planned[check.name], self.context_on(path), result, failures, self.suite.name, path.name, replayed
                 )
                 ran = result.cases - before
             canonical.paths.append({"path": path.name, "status": outcome.status, "cases": ran})

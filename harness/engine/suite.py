@@ -52,6 +52,8 @@ class RunContext:
     # by name; None: every path the model can take. Each runs ``path_examples`` cases a check.
     paths: tuple[str, ...] | None = None
     path_examples: int = 3
+    # The float32 thresholds the float32_twin path judges a low-precision model's copy by.
+    twin_tolerance: Tolerance | None = None
     # Hypothesis's examples per strategy object, kept from a check that passed, for the
     # next check given the same strategy (see Check).
     drawn: dict[tuple[int, int, int], "DrawnCases"] = field(default_factory=dict)
@@ -185,6 +187,10 @@ class Suite(abc.ABC):
     #: whether its checks run on every call path too (harness/adapters/paths.py), besides
     #: the canonical one; False for a suite whose answer the path cannot change
     call_paths: ClassVar[bool] = True
+    #: whether its checks also run on a low-precision model's float32 copy (the
+    #: ``float32_twin`` path: the mask's structure at float32's thresholds), even where
+    #: ``call_paths`` is False; False for a suite that compares weights, not outputs
+    float32_twin: ClassVar[bool] = True
 
     @abc.abstractmethod
     def not_applicable(self, capabilities: Capabilities) -> str | None:

@@ -25,7 +25,6 @@ place they are kept).
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -202,20 +201,14 @@ def measure_reference_error(adapter: Any) -> float | None:
     None when the model runs in float32, cannot be copied (not an ``nn.Module``, or a model
     sharded by accelerate), or its float32 twin does not fit in memory.
     """
-    from ..adapters.base import Batch
-    from ..adapters.specs import adapter_for
+    from ..adapters.base import AdapterError, Batch
 
     caps = adapter.capabilities
-    model = getattr(adapter, "model", None)
-    if (
-        caps.dtype not in LOW_PRECISION
-        or not isinstance(model, torch.nn.Module)
-        or getattr(model, "hf_device_map", None)
-    ):
+    if caps.dtype not in LOW_PRECISION:
         return None
     try:
-        twin = adapter_for(copy.deepcopy(model).float())
-    except (torch.OutOfMemoryError, RuntimeError, TypeError):
+        twin = adapter.float32_twin()  # kept: the float32_twin path runs on it
+    except AdapterError:
         return None
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(1, caps.vocab_size, (4, 12), generator=generator).to(caps.device)
@@ -223,5 +216,4 @@ def measure_reference_error(adapter: Any) -> float | None:
     comparison = compare_logits(
         twin.logits(batch), adapter.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool)
     )
-    del twin
     return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)
