@@ -40,6 +40,9 @@ _EXPORTS = {
     "CollatorError": "harness.audits.collator_audit",
     "check_gradient_accumulation": "harness.audits.grad_accumulation",
     "assert_gradient_accumulation": "harness.audits.grad_accumulation",
+    "run_canary": "harness.audits.canary",
+    "assert_no_leak": "harness.audits.canary",
+    "CanarySettings": "harness.audits.canary",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", help="replay on another model (a spec) instead of the one recorded in the bundle")
     replay.add_argument("--device", help="cpu, cuda or auto (default: the device recorded in the bundle)")
 
+    from .canary import add_parser as add_canary
+
+    add_canary(sub)
+
     picture = sub.add_parser(
         "effective-mask",
         help="draw which input positions influence which outputs",
@@ -253,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_probe(args)
         if args.command == "profile":
             return cmd_profile(args)
+        if args.command == "canary":
+            from .canary import cmd_canary
+
+            return cmd_canary(args)
         return cmd_audit(args)
     except KeyboardInterrupt:
         print("maskcheck: interrupted", file=sys.stderr)
@@ -280,6 +288,12 @@ def cmd_list() -> int:
     print("\nProbes (maskcheck probe NAME SPEC):")
     for name in probe_names():
         print(f"  {name}")
+    from ...reference_models.pipelines import PIPELINES
+
+    print("\nTraining pipelines (maskcheck canary pipeline:NAME), clean and seeded:")
+    for name, (factory, leaks) in PIPELINES.items():
+        summary = " ".join((factory.__doc__ or "a clean pipeline").split())
+        print(f"  {name:<34} {'leaks' if leaks else 'clean'}: {summary}")
     print("\nSeeded bugs (mutant:NAME), with the suite and check that must catch them:")
     for name, mutant in MUTANTS.items():
         print(f"  {name:<34} {mutant.suite}/{mutant.check}: {mutant.description.splitlines()[0]}")

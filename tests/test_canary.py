@@ -1,0 +1,166 @@
+"""The leak canary: every seeded pipeline bug fires it, no clean pipeline does (on the CI
+seeds; the offline calibration over many seeds is scripts/canary_calibration.py)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from maskcheck.harness.audits.canary import (
+    CanaryError,
+    CanarySettings,
+    assert_no_leak,
+    canary_batches,
+    decide,
+    run_canary,
+    trainer_canary,
+)
+from maskcheck.reference_models.pipelines import PIPELINES, decoder_step
+
+#: every seeded bug fires within 100 steps; 150 give three windows of 50
+CI = CanarySettings(steps=150)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_the_canary_fires_on_every_seeded_pipeline_bug_and_on_no_clean_pipeline(name: str) -> None:
+    factory, leaks = PIPELINES[name]
+    step, canary = factory()
+    result = run_canary(step, canary, CI)
+    assert result.status == ("fail" if leaks else "pass"), result.message
+    if leaks:
+        assert result.below > result.margin > 0 and result.fired_at is not None
+        assert (
+            f"the {canary} canary fired at step {result.fired_at}" in result.message
+            and "Localise it with" in result.message
+        )
+
+
+def test_a_loss_below_the_bound_that_the_reference_does_not_share_is_a_normaliser_error() -> None:
+    """A step that halves its reported loss: the pipeline's number goes below log 16, the
+    cross-entropy maskcheck computes from the same logits does not: warn, not a leak."""
+    honest = decoder_step(_fresh_reference())
+
+    def halved(batch):  # type: ignore[no-untyped-def]
+        loss, logits = honest(batch)
+        return loss / 2, logits
+
+    result = run_canary(halved, "uniform", CI)
+    assert result.status == "warn" and "normalised or computed wrongly" in result.message, result.message
+
+
+def _fresh_reference() -> torch.nn.Module:
+    from maskcheck.reference_models.mutants import build_clean
+
+    torch.manual_seed(0)
+    return build_clean("causal_sees_next_token")
+
+
+def test_the_step_that_scores_its_inputs_is_told_from_a_mask_that_reads_ahead() -> None:
+    scores_inputs = run_canary(PIPELINES["step_scores_inputs"][0]()[0], "uniform", CI)
+    assert "labels not shifted" in scores_inputs.message and "loss_masking" in scores_inputs.message
+    reads_ahead = run_canary(PIPELINES["causal_off_by_one"][0]()[0], "uniform", CI)
+    assert "against the next tokens agrees" in reads_ahead.message and "causal" in reads_ahead.message
+
+
+def test_the_test_fires_below_the_bound_only_beyond_its_margin() -> None:
+    settings = CanarySettings(window=50, alpha=1e-3)
+    bound = math.log(16)
+    generator = torch.Generator().manual_seed(0)
+    noise = (torch.randn(300, generator=generator) * 0.05).tolist()
+    at_bound = [bound + abs(n) for n in noise]  # a converged clean pipeline: never below in expectation
+    assert decide(at_bound, bound, settings)[0] is None
+    just_below = [bound - 0.001 + n for n in noise]  # within the noise: not significant
+    assert decide(just_below, bound, settings)[0] is None
+    leaking = [bound - 0.1 + n for n in noise]
+    fired, below, margin = decide(leaking, bound, settings)
+    assert fired == 49 and below > margin > 0
+
+
+def test_canary_data_is_what_each_canary_promises() -> None:
+    settings = CanarySettings(steps=2, batch=4, length=8)
+    uniform, documents, rows = (
+        next(canary_batches(c, settings, 0)) for c in ("uniform", "twin_documents", "twin_rows")
+    )
+    assert uniform["input_ids"].min() >= 3 and uniform["input_ids"].max() < 3 + 16
+    assert torch.equal(documents["input_ids"][:, :4], documents["input_ids"][:, 4:])
+    assert documents["position_ids"][0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert torch.equal(rows["input_ids"][0], rows["input_ids"][1]) and not torch.equal(
+        rows["input_ids"][0], rows["input_ids"][2]
+    )
+    with pytest.raises(ValueError, match="unknown canary"):
+        next(canary_batches("nope", settings, 0))
+
+
+def test_a_step_that_raises_or_returns_no_loss_is_one_line() -> None:
+    with pytest.raises(CanaryError, match="the training step raised at step 0: RuntimeError: boom"):
+        run_canary(lambda batch: (_ for _ in ()).throw(RuntimeError("boom")), "uniform", CI)
+    with pytest.raises(CanaryError, match="returned str, not a loss"):
+        run_canary(lambda batch: "loss", "uniform", CI)
+
+
+def test_assert_no_leak_raises_with_the_verdict() -> None:
+    assert assert_no_leak(PIPELINES["clean_decoder"][0](), settings=CI).status == "pass"
+    with pytest.raises(AssertionError, match="canary fired"):
+        assert_no_leak(PIPELINES["causal_off_by_one"][0](), settings=CI)
+
+
+def _trainer(model: torch.nn.Module, tmp_path, collator=None) -> object:  # type: ignore[no-untyped-def]
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path), learning_rate=3e-3, use_cpu=True, disable_tqdm=True, report_to=[], seed=0
+    )
+    return Trainer(model=model, args=arguments, data_collator=collator or default_data_collator)
+
+
+def inputs_one_token_ahead(examples):  # type: ignore[no-untyped-def]
+    """A collator bug: the input ids run one token ahead of the labels, so the model, which
+    shifts the labels, reads each target at the position that predicts it."""
+    from transformers import default_data_collator
+
+    batch = default_data_collator(examples)
+    batch["input_ids"] = batch["input_ids"].roll(-1, dims=1)
+    return batch
+
+
+def test_a_transformers_trainer_runs_as_configured_and_its_logged_loss_is_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from maskcheck.reference_models.hf_tiny import tiny_model
+
+    clean = trainer_canary(_trainer(tiny_model("llama").train(), tmp_path / "a"), settings=CI)
+    assert clean.status == "pass" and len(clean.losses) == len(clean.references) == CI.steps, clean.message
+    leaking = trainer_canary(_trainer(tiny_model("llama").train(), tmp_path / "b", inputs_one_token_ahead), settings=CI)
+    assert leaking.status == "fail" and "against the next tokens agrees" in leaking.message, leaking.message
+    with pytest.raises(CanaryError, match="shuffles"):
+        trainer_canary(_trainer(tiny_model("llama"), tmp_path / "c"), "twin_rows", CI)
+
+
+def test_the_trainer_normalises_a_gpt2_loss_by_the_targets_before_the_shift(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """transformers 5.24's Trainer counts a causal LM's targets over labels[..., 1:] only when
+    the class's name maps to ForCausalLMLoss; GPT2LMHeadModel's does not, so each row's first
+    label is counted too and the logged loss is (T - 1) / T of the model's own (2.69 where the
+    bound is 2.77). The canary reads it as the pipeline's number, not a leak: the cross-entropy
+    of the same logits stays at the bound (docs/canary.md has the plain reproduction)."""
+    from maskcheck.reference_models.hf_tiny import tiny_model
+
+    result = trainer_canary(_trainer(tiny_model("gpt2").train(), tmp_path), settings=CI)
+    assert result.status == "warn" and "normalised or computed wrongly" in result.message, result.message
+    ratio = sum(result.losses[-50:]) / sum(result.references[-50:])
+    assert ratio == pytest.approx(31 / 32, abs=1e-3)
+
+
+def test_the_cli_runs_a_pipeline_and_exits_by_its_verdict(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    def canary(*argv: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+        return subprocess.run(
+            [sys.executable, "-m", "maskcheck", "canary", *argv], capture_output=True, text=True, timeout=300
+        )
+
+    fired = canary("pipeline:causal_off_by_one", "--steps", "100", "--report", str(tmp_path))
+    assert fired.returncode == 1 and "uniform          FAIL" in fired.stdout, fired.stdout + fired.stderr
+    assert (tmp_path / "canary.json").is_file() and (tmp_path / "canary.png").is_file()
+    unknown = canary("pipeline:nope")
+    assert unknown.returncode == 2 and unknown.stderr.strip().startswith("maskcheck: error: unknown pipeline 'nope'")
+    assert "Traceback" not in unknown.stderr
