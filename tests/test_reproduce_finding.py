@@ -86,3 +86,25 @@ def test_a_model_that_refuses_float64_keeps_its_float32_result(
         return float("nan"), False
 
     assert script.remeasured_in_float64(torch.nn.Linear(1, 1), not_finite, "causal-lm", 1e-5) is None
+
+
+def test_the_plain_serving_check_holds_on_a_clean_cache_and_finds_a_seeded_one(
+    script: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sweep's serving verdicts are confirmed by plain transformers calls; they can fail:
+    a cache layer that reorders keys and not values, or crops keys and not values."""
+    from maskcheck.reference_models import serving_bugs
+    from maskcheck.reference_models.hf_tiny import tiny_model
+
+    difference, finding = script.serving(tiny_model("llama"), "causal-lm")
+    assert not finding and difference < 1e-4, capsys.readouterr().out
+    for layer, line in (
+        (serving_bugs.ReorderKeysOnlyLayer, "reorder_cache"),
+        (serving_bugs.CropKeepsValuesLayer, "crop(-1)"),
+    ):
+        model = serving_bugs.with_cache_layer(tiny_model("llama"), layer)
+        capsys.readouterr()
+        difference, finding = script.serving(model, "causal-lm")
+        printed = capsys.readouterr().out
+        assert finding and difference > 1e-2, printed
+        assert any(line in row and float(row.rsplit("= ", 1)[1]) > 1e-2 for row in printed.splitlines()), printed
