@@ -306,28 +306,17 @@ class ServingSuite(Suite):
                 return CheckResult(name, "not_applicable", reason)
             return Check(name, evaluate, strategy, max_examples=self.examples(context), on_paths=False)
 
-        rows_cases = case_strategy(
-            RowsCase,
-            prompt_lengths=st.lists(prompts, min_size=2, max_size=3),
-            before=tokens,
-            after=tokens,
-            order_seed=seeds,
-            source_padding=sources,
-            seed=seeds,
-        )
+        def drawn(case_type: type, rows: int = 1, **fields: Any) -> Any:
+            """Cases of left-padded prompts (``rows`` to 3), the case's own fields, a seed."""
+            prompt_rows = st.lists(prompts, min_size=rows, max_size=3)
+            return case_strategy(case_type, prompt_lengths=prompt_rows, **fields, source_padding=sources, seed=seeds)
+
+        rows_cases = drawn(RowsCase, rows=2, before=tokens, after=tokens, order_seed=seeds)
         result = [
             check(
                 "rollback",
                 lambda c: self.rollback(b, context, c),
-                case_strategy(
-                    RollbackCase,
-                    prompt_lengths=st.lists(prompts, min_size=1, max_size=3),
-                    drafted=tokens,
-                    rejected=tokens,
-                    new_tokens=tokens,
-                    source_padding=sources,
-                    seed=seeds,
-                ),
+                drawn(RollbackCase, drafted=tokens, rejected=tokens, new_tokens=tokens),
                 support["rollback"],
             ),
             *(
@@ -348,15 +337,7 @@ class ServingSuite(Suite):
             check(
                 "shared_prefix",
                 lambda c: self.shared_prefix(b, context, c),
-                case_strategy(
-                    SharedPrefixCase,
-                    prompt_lengths=st.lists(prompts, min_size=1, max_size=3),
-                    first=tokens,
-                    second=tokens,
-                    more=tokens,
-                    source_padding=sources,
-                    seed=seeds,
-                ),
+                drawn(SharedPrefixCase, first=tokens, second=tokens, more=tokens),
                 support["share"],
             ),
             self.eviction_check(b, context, support["rollback"]),
