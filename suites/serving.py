@@ -244,6 +244,28 @@ def against_full_forward(
     return outcome
 
 
+def operated(decode: Callable[[], Tensor], control: tuple[str, Control]) -> Tensor | Outcome:
+    """The logits ``decode()`` gives after a serving operation; where the model raises after
+    it but the same decode without it runs, a failure: the operation left the cache
+    inconsistent (transformers' hybrid layers that select keys and values and not their
+    recurrent state). Where both raise, the error stands (the model cannot decode at all)."""
+    try:
+        return decode()
+    except ServingUnsupported:
+        raise
+    except AdapterError as error:
+        operation, without = control
+        without()  # raises too: the model's own error, not the operation's
+        return Outcome(
+            "fail",
+            float("inf"),
+            message=(
+                f"after the cache's {operation}, the next forward raised ({error}), while the same decode without "
+                f"the {operation} runs: the {operation} leaves the cache inconsistent"
+            ),
+        )
+
+
 def same_computation(
     context: RunContext,
     fresh: Tensor,
@@ -383,11 +405,13 @@ class ServingSuite(Suite):
         draft = b.tokens(prompt.size, case.drafted, case.seed + 17)
         new = b.tokens(prompt.size, case.new_tokens, case.seed + 23)
         kept_draft = draft[:, : case.drafted - rejected]
-        _, state = b.adapter.prefill(prompt, rollback=True)
-        _, state = decoded(b.adapter, state, draft, [case.drafted])
-        state = b.adapter.rollback(state, rejected)
-        cached, _ = decoded(b.adapter, state, new, [case.new_tokens])
         full = b.appended(b.appended(prompt, kept_draft), new)
+
+        def with_rollback() -> Tensor:
+            _, state = b.adapter.prefill(prompt, rollback=True)
+            _, state = decoded(b.adapter, state, draft, [case.drafted])
+            state = b.adapter.rollback(state, rejected)
+            return decoded(b.adapter, state, new, [case.new_tokens])[0]
 
         def without_rollback() -> tuple[Batch, Tensor]:
             _, state = b.adapter.prefill(prompt)
@@ -400,7 +424,11 @@ class ServingSuite(Suite):
             f"{case.new_tokens} token(s) decoded with the cache differ from the full forward of the kept "
             "prefix and them"
         )
-        return (yield from against_full_forward(b, context, full, cached, what, ("rollback", without_rollback)))
+        control = ("rollback", without_rollback)
+        cached = operated(with_rollback, control)
+        if isinstance(cached, Outcome):
+            return cached
+        return (yield from against_full_forward(b, context, full, cached, what, control))
 
     def rearranged(self, b: ServingBatches, context: RunContext, operation: str, case: RowsCase) -> Evaluation:
         """One token a step, as beam search and sampling decode."""
@@ -408,11 +436,13 @@ class ServingSuite(Suite):
         before = b.tokens(prompt.size, case.before, case.seed + 17)
         index = row_index(operation, prompt.size, case.order_seed)
         after = b.tokens(index.numel(), case.after, case.seed + 29)  # each new row its own tokens
-        _, state = b.adapter.prefill(prompt)
-        _, state = decoded(b.adapter, state, before, [1] * case.before)
-        state = b.adapter.rearrange(state, operation, index)
-        cached, _ = decoded(b.adapter, state, after, [1] * case.after)
         grown = b.appended(prompt, before)
+
+        def with_rearranging() -> Tensor:
+            _, state = b.adapter.prefill(prompt)
+            _, state = decoded(b.adapter, state, before, [1] * case.before)
+            state = b.adapter.rearrange(state, operation, index)
+            return decoded(b.adapter, state, after, [1] * case.after)[0]
 
         def without_rearranging() -> tuple[Batch, Tensor]:
             """The rows kept, in their own order, each continued with the tokens of a row that holds it."""
@@ -428,7 +458,11 @@ class ServingSuite(Suite):
             f"{case.after} token(s) of each row differ from the full forward of the row it holds"
         )
         full = b.appended(b.rows_of(grown, index), after)
-        return (yield from against_full_forward(b, context, full, cached, what, (operation, without_rearranging)))
+        control = (operation, without_rearranging)
+        cached = operated(with_rearranging, control)
+        if isinstance(cached, Outcome):
+            return cached
+        return (yield from against_full_forward(b, context, full, cached, what, control))
 
     @staticmethod
     def reuse_cases(caps: Capabilities, profile: str, sources: Any) -> Any:
