@@ -52,6 +52,7 @@ from ..harness.adapters.base import Adapter, AdapterError, Batch, Capabilities, 
 from ..harness.adapters.serving import ROW_OPERATIONS, select_rows
 from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import random_ids, random_rows, row_lengths, shape_change_outcome, verdict, with_floor
+from ..harness.engine.profiles import CACHE_LENGTH_CAPS
 from ..harness.engine.strategies import case_strategy
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 from ..harness.engine.tolerance import compare_logits
@@ -370,9 +371,10 @@ class ServingSuite(Suite):
 
     @staticmethod
     def examples(context: RunContext) -> int:
-        """Half the profile's cases: each case is several decodes (a fresh one beside the
-        operated one), and one case exercises the operation at every row and layer at once."""
-        return max(4, context.examples // 2)
+        """A quarter of the profile's cases (5 in ci, 50 in thorough; 4 at least): a case is
+        several decodes (fresh ones beside the operated one), and one case exercises the
+        operation at every row and layer at once (every seeded bug fails its first case)."""
+        return max(4, context.examples // 4)
 
     # -- what the cache can do, measured on a probe decode -------------------------------------
 
@@ -589,6 +591,16 @@ class ServingSuite(Suite):
                 "window_eviction",
                 "not_applicable",
                 f"the model's {b.caps.max_length} positions leave no room to decode past twice its window of {window}",
+            )
+        budget = CACHE_LENGTH_CAPS.get(context.profile, CACHE_LENGTH_CAPS["dev"])
+        if 2 * window + 2 * MAX_CHUNK > budget:
+            # Decoding that far one step at a time is the check; a profile that cannot pay for it says so.
+            return CheckResult(
+                "window_eviction",
+                "not_run",
+                f"decoding past twice the window of {window} takes {2 * window + 2 * MAX_CHUNK} cached tokens, "
+                f"over the {context.profile} profile's {budget}; --profile thorough decodes "
+                f"{CACHE_LENGTH_CAPS['thorough']}",
             )
         cases = case_strategy(
             EvictionCase,
