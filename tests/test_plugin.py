@@ -595,3 +595,17 @@ def test_configured_collators_are_tests_and_the_gradient_helper_fails_a_wrong_no
     assert "target_labels: FAIL: labels are -100 at 1 real EOS token(s)" in output
     assert "positions_restart: FAIL: position ids do not restart" in output
     assert "AssertionError: accumulated gradients differ from the whole batch's" in output
+
+
+def test_the_call_paths_are_chosen_on_the_command_line_and_an_unknown_one_is_a_usage_error(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    common = ["-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", "ref:tiny-decoder"]
+    bad = pytester.runpytest_subprocess(*common, "--maskcheck-paths", "training,sideways")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "maskcheck: unknown call path(s) sideways; choose from" in bad.stderr.str()
+    ran = pytester.runpytest_subprocess(*common, "--maskcheck-suites", "causal", "--maskcheck-paths", "training")
+    assert outcomes(ran) == {"passed": 2}, ran.stdout.str()[-2000:]
+    report = json.loads(next((pytester.path / "maskcheck-report").glob("*/report.json")).read_text())
+    assert [p["path"] for p in report["environment"]["paths"]] == ["canonical", "training_backward", "training"]

@@ -51,6 +51,10 @@ OPTIONS = {
         "maskcheck_threads",
         "torch threads per test process: auto (cores / xdist workers, unless OMP_NUM_THREADS is set), keep, or N",
     ),
+    "paths": (
+        "maskcheck_paths",
+        "comma-separated call paths each check also runs on (default: every path the model can take; canonical: none)",
+    ),
 }
 #: on/off settings: a flag, or an ini key set to true
 FLAGS = {
@@ -68,6 +72,7 @@ DEFAULTS = {
     "report_dir": DEFAULT_REPORT_DIR,
     "suites": None,
     "threads": "auto",
+    "paths": None,
 }
 CHOICES = {"profile": ("dev", "ci", "thorough"), "dtype": ("float32", "bfloat16", "float16")}
 #: [tool.maskcheck] keys for the same settings
@@ -79,6 +84,7 @@ CONFIG_KEYS = {
     "dtype": "dtype",
     "report_dir": "report",
     "threads": "threads",
+    "paths": "paths",
     "always": "always",
     "require": "require",
 }
@@ -167,6 +173,7 @@ def validate_settings(config: pytest.Config) -> None:
         parse_threads(setting(config, "threads"))
     except ThreadSettingError as exc:
         raise pytest.UsageError(f"maskcheck: {exc}") from None
+    call_paths(setting(config, "paths"))
     chosen_suites(config)
 
 
@@ -285,10 +292,24 @@ def run_options(config: pytest.Config) -> Any:
             disabled_conventions=tool.get("disabled_conventions", ()),
             tolerance=tool.get("tolerance"),
             threads=setting(config, "threads"),
-            paths=tool.get("paths"),
+            paths=call_paths(setting(config, "paths")),
         )
         config.stash[_OPTIONS_KEY] = cached
     return cached
+
+
+def call_paths(value: Any) -> tuple[str, ...] | None:
+    """``--maskcheck-paths a,b`` (or the ini key, or ``paths = [...]``) as names; None: every path.
+    An unknown name is a usage error, before anything runs."""
+    if value is None:
+        return None
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    from ..adapters.paths import PATHS
+
+    unknown = sorted(set(names) - set(PATHS))
+    if unknown:
+        raise pytest.UsageError(f"maskcheck: unknown call path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+    return tuple(names)
 
 
 class VerdictItem(pytest.Item):
