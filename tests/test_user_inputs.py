@@ -96,18 +96,19 @@ def test_a_clean_bfloat16_gpt2_neither_warns_nor_hides_its_packing_leak() -> Non
     assert settings_check.status == "warn" and "It leaks with" in settings_check.message, settings_check.message
 
 
-def test_a_bfloat16_cache_bug_below_the_dtype_rounding_fails_on_its_float32_twin() -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_cache_bug_below_the_dtype_rounding_fails_on_its_float32_twin(dtype: torch.dtype) -> None:
     """Cached against full is a comparison across shapes, whose bfloat16 threshold (0.28 here)
     is larger than this leak: the model itself passes, its float32 copy fails, and the
     verdict says on which path."""
     from maskcheck.reference_models.mutants import build, build_clean
 
-    bug = audit(build("kv_cache_positions_restart").to(torch.bfloat16), ["kv_cache"])
+    bug = audit(build("kv_cache_positions_restart").to(dtype), ["kv_cache"])
     incremental = next(c for c in bug.suite("kv_cache").checks if c.name == "incremental")
     by_path = {p["path"]: p["status"] for p in incremental.paths}
     assert by_path["canonical"] == "pass" and by_path["float32_twin"] == "fail", by_path
     assert incremental.status == "fail" and incremental.message.startswith("on the float32_twin path")
-    clean = audit(build_clean("kv_cache_positions_restart").to(torch.bfloat16), ["kv_cache"])
+    clean = audit(build_clean("kv_cache_positions_restart").to(dtype), ["kv_cache"])
     assert clean.suite("kv_cache").status == "pass"
 
 
