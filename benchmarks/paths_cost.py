@@ -49,7 +49,8 @@ forwards = [0]
 model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
 started = time.perf_counter()
 # the suites both revisions have: a suite added since is its own cost (docs/performance.md)
-result = audit(adapter, ["causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint"], profile=profile)
+common = ["causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "norm_checkpoint"]
+result = audit(adapter, common, profile=profile)
 seconds = time.perf_counter() - started
 cases = sum(s.cases for s in result.suites)
 print(json.dumps({"seconds": seconds, "forwards": forwards[0], "cases": cases, "status": result.status}))
