@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,16 @@ def baseline_tree(revision: str, scratch: Path) -> str:
         (package / item.name).symlink_to(item)
     for folder in ("harness", "suites", "reference_models"):
         (package / folder).symlink_to(tree / folder)
+    # The revision's own entry points (its suites), found before the installed maskcheck's:
+    # importlib.metadata takes the first distribution of a name on sys.path.
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    info = shadow / f"maskcheck-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: maskcheck\nVersion: {project['version']}\n")
+    groups = project.get("entry-points", {})
+    (info / "entry_points.txt").write_text(
+        "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()) for group, points in groups.items())
+    )
     return str(shadow)
 
 
