@@ -196,8 +196,8 @@ def last_columns(batch: Batch, count: int) -> Tensor:
     return where
 
 
-#: the same decode without the serving operation: (its full batch, its cached logits [B, n, V])
-Control = Callable[[], tuple[Batch, Tensor]]
+#: the same decodes without the serving operation: each (its full batch, its cached logits [B, n, V])
+Control = Callable[[], list[tuple[Batch, Tensor]]]
 
 
 def against_full_forward(
@@ -231,7 +231,10 @@ def against_full_forward(
     if outcome.status != "fail" or control is None:
         return outcome
     operation, without = control
-    alone = yield from judged(*without(), f"the same decode without the {operation}", outcome.floor)
+    for batch, logits in without():
+        alone = yield from judged(batch, logits, f"the same decode without the {operation}", outcome.floor)
+        if alone.status == "fail":
+            break
     if alone.status == "fail":
         outcome.message += (
             f"; the same decode without the {operation} differs from the full forward too (max |d log p| = "
@@ -415,11 +418,17 @@ class ServingSuite(Suite):
             state = b.adapter.rollback(state, rejected)
             return decoded(b.adapter, state, new, [case.new_tokens])[0]
 
-        def without_rollback() -> tuple[Batch, Tensor]:
+        def without_rollback() -> list[tuple[Batch, Tensor]]:
+            """The draft's own forward, and the kept draft and new tokens decoded in chunks of
+            the same sizes with no rollback: if either is wrong already, the cache was wrong
+            before any rollback (chunks of several tokens: kv_cache's case)."""
+            _, state = b.adapter.prefill(prompt)
+            drafted = decoded(b.adapter, state, draft, [case.drafted])[0]
             _, state = b.adapter.prefill(prompt)
             if kept_draft.shape[1]:
                 _, state = decoded(b.adapter, state, kept_draft, [kept_draft.shape[1]])
-            return full, decoded(b.adapter, state, new, [case.new_tokens])[0]
+            continued = decoded(b.adapter, state, new, [case.new_tokens])[0]
+            return [(b.appended(prompt, draft), drafted), (full, continued)]
 
         what = (
             f"after decoding {case.drafted} draft token(s) and rolling back {rejected}, the next "
@@ -446,14 +455,14 @@ class ServingSuite(Suite):
             state = b.adapter.rearrange(state, operation, index)
             return decoded(b.adapter, state, after, [1] * case.after)[0]
 
-        def without_rearranging() -> tuple[Batch, Tensor]:
+        def without_rearranging() -> list[tuple[Batch, Tensor]]:
             """The rows kept, in their own order, each continued with the tokens of a row that holds it."""
             holder = {int(source): i for i, source in enumerate(index)}
             kept = torch.tensor(sorted(holder))
             own = after[[holder[int(r)] for r in kept]]  # [B', n]
             _, state = b.adapter.prefill(b.rows_of(prompt, kept))
             _, state = decoded(b.adapter, state, before[kept], [1] * case.before)
-            return b.appended(b.rows_of(grown, kept), own), decoded(b.adapter, state, own, [1] * case.after)[0]
+            return [(b.appended(b.rows_of(grown, kept), own), decoded(b.adapter, state, own, [1] * case.after)[0])]
 
         what = (
             f"after the cache's rows were rearranged ({operation}, row i now holds row {index.tolist()}[i]), the next "

@@ -142,9 +142,11 @@ class GenerationPath:
         """Roll the cache back by ``tokens`` and cut every per-token model kwarg (masks,
         position ids) as assisted decoding does after rejecting draft tokens."""
         crop_cache(self.cache_of(state)[1], tokens)
-        length = state.ids.shape[1]
+        # The predicted side's per-token kwargs only: an encoder-decoder's source mask may have
+        # as many columns as the decoder has tokens, and is the source's.
+        per_token = (self.mask_key, "position_ids", "decoder_position_ids", "token_type_ids")
         kwargs = {
-            k: v[:, :-tokens] if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == length else v
+            k: v[:, :-tokens] if k in per_token and isinstance(v, Tensor) and v.dim() >= 2 else v
             for k, v in state.kwargs.items()
         }
         return GenerationState(kwargs, state.ids[:, :-tokens], state.output)
