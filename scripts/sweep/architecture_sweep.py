@@ -161,7 +161,8 @@ def add_suites(args: argparse.Namespace, suites: list[str]) -> int:
             record.setdefault("added_seconds", {})[",".join(suites)] = fresh.get("seconds")
         else:  # the audit of these suites failed: recorded as each suite's error
             message = fresh.get("error", "no result")
-            record["suites"].update({name: {"status": "error", "message": message} for name in suites})
+            empty = {"check": None, "max_diff": None, "threshold": None, "case": None}
+            record["suites"].update({name: {"status": "error", **empty, "message": message} for name in suites})
         args.out.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
         statuses = " ".join(f"{k}={record['suites'][k]['status']}" for k in suites)
         elapsed = time.perf_counter() - started

@@ -178,6 +178,10 @@ def render(results: Path, out: Path) -> None:
         "and state-space caches (`state`, Mamba's cache) are checked on the path users run; where",
         "`generate()` feeds other inputs than the prompt (XLM, XLNet, OpenAI-GPT, CPM-Ant) it compares",
         "`generate()` with its cache against `generate()` without (`generate_use_cache`).",
+        "`serving` (rollback, row reorders, reuse, a shared prompt cache, eviction, the static cache)",
+        "was swept on the default attention implementation only (an empty cell: not swept); a",
+        "`serving` FAIL whose decode was wrong without the operation too is the `kv_cache` finding",
+        "again, and is confirmed by `kv_cache`'s direct check.",
         *(
             ["Only the default attention implementation has been swept with this version."]
             if implementations == ["default"]

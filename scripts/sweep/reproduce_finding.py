@@ -498,7 +498,7 @@ class Decoding:
                 use_cache=True, cache_implementation=implementation, num_beams=1, num_return_sequences=1
             )
             model._prepare_cache_for_generation(config, self.kwargs, GenerationMode.GREEDY_SEARCH, rows.shape[0], 64)
-        if record_past:
+        if record_past and self.kwargs.get("cache") is not None:
             self.kwargs["cache"].activate_past_recording()  # as assisted decoding prepares its cache
         with torch.no_grad():
             inputs = model.prepare_inputs_for_generation(rows, is_first_iteration=True, **self.kwargs)
