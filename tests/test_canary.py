@@ -21,8 +21,8 @@ from maskcheck.harness.audits.canary import (
 )
 from maskcheck.reference_models.pipelines import PIPELINES, decoder_step
 
-#: every seeded bug fires within 100 steps; 150 give three windows of 50
-CI = CanarySettings(steps=150)
+#: every seeded bug fires within 100 steps: two windows of 50
+CI = CanarySettings(steps=100)
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))

@@ -41,6 +41,7 @@ def test_audit_of_a_clean_model_exits_0_and_writes_json(tmp_path, capsys) -> Non
         "loss_masking": "pass",
         "packing": "pass",
         "kv_cache": "pass",
+        "serving": "pass",
         "norm_checkpoint": "warn",
     }
     check = data["suites"][0]["checks"][0]
