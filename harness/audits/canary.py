@@ -338,13 +338,17 @@ def trainer_canary(
     trainer.train_dataset = examples
     trainer.add_callback(Losses())
     trainer.args.seed = seed
+    own = trainer.__dict__.get("compute_loss")  # a compute_loss set on the instance stays the user's
     trainer.compute_loss = recorded_loss
     try:
         trainer.train()
     except Exception as exc:  # noqa: BLE001 - the user's trainer: one line
         raise CanaryError(f"the trainer raised: {type(exc).__name__}: {exc}") from exc
     finally:
-        del trainer.compute_loss  # the class's own again
+        if own is None:
+            del trainer.compute_loss  # the class's own again
+        else:
+            trainer.compute_loss = own
     complete = len(references) == len(losses)  # one loss computed per logged step: the reference pairs with it
     return judged(
         canary, math.log(settings.ids), losses, settings, references if complete else [], unshifted if complete else []
