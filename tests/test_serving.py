@@ -18,7 +18,7 @@ from maskcheck.reference_models.hf_tiny import shrunk_model, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
 from maskcheck.reference_models.plain import plain_decoder
 from maskcheck.reference_models.scratch import ScratchDecoder
-from maskcheck.suites.serving import row_index, steps
+from maskcheck.suites.serving_cases import row_index, steps
 
 NEVER_FAILING = {"pass", "not_applicable"}
 

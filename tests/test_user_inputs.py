@@ -122,3 +122,6 @@ def test_the_float32_twin_runs_only_for_low_precision_models_and_says_why_it_can
     assert "float32_twin" in twin and twin["float32_twin"] is None
     assert bf16.on_path(PATHS["float32_twin"]).capabilities.dtype == "float32"
     assert next(bf16.model.parameters()).dtype == torch.bfloat16  # the model itself is untouched
+    canonical_only = adapter_for(plain_decoder().to(torch.bfloat16))
+    audit(canonical_only, ["causal"], paths=("canonical",))
+    assert "_float32_twin" not in canonical_only.__dict__  # no path ran on it: not kept beside the model

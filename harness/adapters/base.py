@@ -497,6 +497,10 @@ class Adapter(abc.ABC):
             twin = self.__dict__["_float32_twin"] = self._with_model(copied)
         return twin
 
+    def release_float32_twin(self) -> None:
+        """Drop the float32 copy (an audit that does not run its path needs no second model)."""
+        self.__dict__.pop("_float32_twin", None)
+
     def _with_model(self, model: Any) -> "Adapter":
         """A copy of this adapter calling ``model`` (the same model in another dtype)."""
         other = copy.copy(self)

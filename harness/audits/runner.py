@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..adapters.base import OUT_OF_MEMORY, Adapter, AdapterError
-from ..adapters.paths import CANONICAL, PATHS, TRAINING_BACKWARD, PathAvailability
+from ..adapters.paths import CANONICAL, FLOAT32_TWIN, PATHS, TRAINING_BACKWARD, PathAvailability
 from ..adapters.specs import LoadOptions, adapter_for, load_adapter
 from ..engine.profiles import check_profile, examples_of, path_examples_of
 from ..engine.registry import (
@@ -191,6 +191,7 @@ def audit(
     result.environment["float32_reference_error"] = reference_error
     context.path_examples = path_examples_of(profile, context.examples)
     result.environment["paths"] = path_environment(adapter, context)
+    release_unused_twin(adapter, result.environment["paths"])
     decided: dict[tuple[str, str], tuple] = {}
     gate_suite = batching_gate_suite()
     gate_name = f"{gate_suite.name}/{gate_suite.batching_gate}" if gate_suite else ""
@@ -326,6 +327,12 @@ def path_environment(adapter: Adapter, context: RunContext) -> list[dict[str, An
         PathAvailability(TRAINING_BACKWARD, backward).to_dict(),
         *(available.to_dict() for available in others),
     ]
+
+
+def release_unused_twin(adapter: Adapter, paths: list[dict[str, Any]]) -> None:
+    """Drop the float32 copy made for the reference error when no path of this audit runs on it."""
+    if not any(p["path"] == FLOAT32_TWIN.name and p["unavailable"] is None for p in paths):
+        adapter.release_float32_twin()
 
 
 def other_paths(names: Sequence[str] | None) -> tuple[str, ...] | None:
