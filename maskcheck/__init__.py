@@ -41,7 +41,8 @@ _EXPORTS = {
     "check_gradient_accumulation": "harness.audits.grad_accumulation",
     "assert_gradient_accumulation": "harness.audits.grad_accumulation",
     "run_canary": "harness.audits.canary",
-    "assert_no_leak": "harness.audits.canary",
+    "assert_no_leak": "harness.audits.canary_api",
+    "CanaryFired": "harness.audits.canary_api",
     "CanarySettings": "harness.audits.canary",
 }
 

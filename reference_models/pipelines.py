@@ -1,13 +1,14 @@
 """Training pipelines for the leak canary: clean ones, and one per seeded pipeline bug.
 
-Each is a factory returning ``(step, canary)``: the training step the canary drives
-(``harness/audits/canary.py``) and the canary that must see its bug. The models are the
-repository's tiny ones with fixed seeds, so a pipeline trains the same on every CPU.
+Each is a factory returning ``(pipeline, canary)``: what the canary drives (a training
+step, a model, a transformers ``Trainer`` or TRL's ``SFTTrainer``; harness/audits/) and the
+canary that must see its bug. The models are the repository's tiny ones with fixed seeds,
+so a pipeline trains the same on every CPU.
 
 The bugs live where a whole pipeline hides them from unit checks: the model's mask (the
 catalogue's causal off-by-one), the model's own loss (no shift), the step (it scores each
 position's own token), the collator (decoder inputs that are the labels) and the packing
-(documents packed back to back, attending to each other).
+(documents packed back to back, attending to each other; TRL's wrapped packing).
 """
 
 from __future__ import annotations
@@ -120,16 +121,13 @@ def decoder_inputs_are_labels() -> tuple[Callable[[Batch], Any], str]:
     return seq2seq_step(True), "uniform"
 
 
-def packed_llama_step(isolated: bool, use_cache: bool | None = False) -> Callable[[Batch], Any]:
-    """A tiny Llama trained on packed rows of two documents each, padding-free: position
-    ids restarting at each document and no attention mask (what transformers' flattening
-    collator passes), ``use_cache`` as given (None: not passed, the config's default); or
-    (``isolated=False``, the bug) packed back to back with an attention mask of ones."""
+def _tiny_llama(vocab_size: int = 32) -> torch.nn.Module:
+    """The canary's tiny Llama, seed 0 (a pad id of 0, below the canary's ids)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=32,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -138,7 +136,15 @@ def packed_llama_step(isolated: bool, use_cache: bool | None = False) -> Callabl
         max_position_embeddings=128,
         pad_token_id=0,
     )
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+def packed_llama_step(isolated: bool, use_cache: bool | None = False) -> Callable[[Batch], Any]:
+    """A tiny Llama trained on packed rows of two documents each, padding-free: position
+    ids restarting at each document and no attention mask (what transformers' flattening
+    collator passes), ``use_cache`` as given (None: not passed, the config's default); or
+    (``isolated=False``, the bug) packed back to back with an attention mask of ones."""
+    model = _tiny_llama()
     optimizer = _adamw(model)
 
     def step(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -175,8 +181,81 @@ def padding_free_with_default_cache() -> tuple[Callable[[Batch], Any], str]:
     return packed_llama_step(isolated=True, use_cache=None), "twin_documents"
 
 
+def hf_causal_lm(model_type: str) -> tuple[Any, str]:
+    """A tiny Hugging Face causal LM of ``model_type`` (reference_models/hf_tiny.py), handed
+    to the canary as a model: trained on its own loss, the textbook step."""
+    from .hf_tiny import tiny_model
+
+    return tiny_model(model_type).train(), "uniform"
+
+
+def clean_trainer() -> tuple[Any, str]:
+    """A transformers ``Trainer`` on a tiny Llama with the default collator."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    arguments = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="maskcheck-canary-"),
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        disable_tqdm=True,
+        report_to=[],
+        seed=0,
+    )
+    return Trainer(model=_tiny_llama(), args=arguments, data_collator=default_data_collator), "uniform"
+
+
+def sft_trainer(packing: bool, packing_strategy: str = "bfd") -> Any:
+    """TRL's ``SFTTrainer`` on a tiny Llama, configured as users configure it: no packing
+    (each example its own padded row), or ``packing=True`` with ``packing_strategy`` (TRL's
+    default ``bfd``: best-fit decreasing into rows of ``max_length``, padding-free; or
+    ``wrapped``: documents back to back, which lets them read each other by design)."""
+    import tempfile
+
+    try:
+        from trl import SFTConfig, SFTTrainer
+    except ImportError as exc:
+        raise ImportError("the SFTTrainer pipelines need TRL: pip install 'maskcheck[trl]'") from exc
+    import datasets
+
+    from .hf_tiny import tiny_tokenizer
+
+    arguments = SFTConfig(
+        output_dir=tempfile.mkdtemp(prefix="maskcheck-canary-"),
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type="constant",  # as the step pipelines train: a decay to 0 over the steps halves what they learn
+        max_length=32,
+        packing=packing,
+        packing_strategy=packing_strategy,
+        use_cpu=True,
+        disable_tqdm=True,
+        report_to=[],
+        seed=0,
+    )
+    users_data = datasets.Dataset.from_dict({"input_ids": [list(range(4, 20))] * 16})  # the canary brings its own
+    return SFTTrainer(
+        model=_tiny_llama(vocab_size=40), args=arguments, train_dataset=users_data, processing_class=tiny_tokenizer()
+    )
+
+
+def sft_not_packed() -> tuple[Any, str]:
+    return sft_trainer(packing=False), "uniform"
+
+
+def sft_padding_free() -> tuple[Any, str]:
+    return sft_trainer(packing=True), "twin_documents"
+
+
+def sft_wrapped_packing() -> tuple[Any, str]:
+    """TRL's wrapped packing: documents concatenated and cut into rows with no boundary the
+    model is told of, so a document reads the ones before it in its row."""
+    return sft_trainer(packing=True, packing_strategy="wrapped"), "twin_documents"
+
+
 #: name -> (factory, leaks): the canary must fire on each leaking pipeline, never on a clean one
-PIPELINES: dict[str, tuple[Callable[[], tuple[Callable[[Batch], Any], str]], bool]] = {
+PIPELINES: dict[str, tuple[Callable[[], tuple[Any, str]], bool]] = {
     "clean_decoder": (clean_decoder, False),
     "clean_seq2seq": (clean_seq2seq, False),
     "clean_packing": (clean_packing, False),
@@ -186,4 +265,13 @@ PIPELINES: dict[str, tuple[Callable[[], tuple[Callable[[Batch], Any], str]], boo
     "decoder_inputs_are_labels": (decoder_inputs_are_labels, True),
     "packing_across_documents": (packing_across_documents, True),
     "padding_free_with_default_cache": (padding_free_with_default_cache, True),
+    "clean_hf_gpt2": (lambda: hf_causal_lm("gpt2"), False),
+    "clean_hf_qwen2": (lambda: hf_causal_lm("qwen2"), False),
+    "clean_hf_mistral": (lambda: hf_causal_lm("mistral"), False),
+    "clean_trainer": (clean_trainer, False),
+    "sft_not_packed": (sft_not_packed, False),
+    "sft_padding_free": (sft_padding_free, False),
+    "sft_wrapped_packing": (sft_wrapped_packing, True),
 }
+#: pipelines that need an optional extra, and the module it installs
+NEEDS = {"sft_not_packed": "trl", "sft_padding_free": "trl", "sft_wrapped_packing": "trl"}

@@ -3,40 +3,52 @@ seeds; the offline calibration over many seeds is scripts/canary_calibration.py)
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from maskcheck.harness.audits.canary import (
-    CanaryError,
-    CanarySettings,
-    assert_no_leak,
-    canary_batches,
-    decide,
-    run_canary,
-    trainer_canary,
-)
-from maskcheck.reference_models.pipelines import PIPELINES, decoder_step
+from maskcheck import CanaryFired, assert_no_leak
+from maskcheck.harness.audits.canary import CanaryError, CanarySettings, canary_batches, decide, run_canary
+from maskcheck.harness.audits.canary_trainers import ARGUMENTS, trainer_canary, twin_targets
+from maskcheck.reference_models.pipelines import NEEDS, PIPELINES, decoder_step
 
-#: every seeded bug fires within 100 steps: two windows of 50
+#: every seeded bug fires within 100 steps, two windows of 50; TRL's wrapped packing, whose
+#: learning rate decays to 0 over the steps, learns to copy a document within 200
 CI = CanarySettings(steps=100)
+#: what the canary measures on the way, for the pipelines where it matters
+NOTES = {
+    "sft_padding_free": "attention sdpa: drawing the other documents of a row again moves one document's logits by 0 "
+    "(isolated)",
+    "sft_wrapped_packing": "the model is told of no document boundary inside a row",
+}
+
+
+def _pipeline(name: str):  # type: ignore[no-untyped-def]
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name])
+    return PIPELINES[name][0]()
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_the_canary_fires_on_every_seeded_pipeline_bug_and_on_no_clean_pipeline(name: str) -> None:
-    factory, leaks = PIPELINES[name]
-    step, canary = factory()
-    result = run_canary(step, canary, CI)
-    assert result.status == ("fail" if leaks else "pass"), result.message
-    if leaks:
-        assert result.below > result.margin > 0 and result.fired_at is not None
-        assert (
-            f"the {canary} canary fired at step {result.fired_at}" in result.message
-            and "Localise it with" in result.message
-        )
+    """Through the pytest entry point, assert_no_leak: it raises with the verdict of a leak."""
+    pipeline, canary = _pipeline(name)
+    if not PIPELINES[name][1]:
+        result = assert_no_leak(pipeline, canary, CI)
+        assert result.status == "pass"
+        assert NOTES.get(name, "") in " ".join(result.notes), result.notes
+        return
+    with pytest.raises(CanaryFired, match=f"the {canary} canary fired at step") as fired:
+        assert_no_leak(pipeline, canary, CI)
+    result = fired.value.result
+    assert result.status == "fail" and "Localise it with" in result.message, result.message
+    assert NOTES.get(name, "") in " ".join(result.notes), result.notes
 
 
 def test_a_loss_below_the_bound_that_the_reference_does_not_share_is_a_normaliser_error() -> None:
@@ -102,12 +114,6 @@ def test_a_step_that_raises_or_returns_no_loss_is_one_line() -> None:
         run_canary(lambda batch: "loss", "uniform", CI)
 
 
-def test_assert_no_leak_raises_with_the_verdict() -> None:
-    assert assert_no_leak(PIPELINES["clean_decoder"][0](), settings=CI).status == "pass"
-    with pytest.raises(AssertionError, match="canary fired"):
-        assert_no_leak(PIPELINES["causal_off_by_one"][0](), settings=CI)
-
-
 def _trainer(model: torch.nn.Module, tmp_path, collator=None) -> object:  # type: ignore[no-untyped-def]
     from transformers import Trainer, TrainingArguments, default_data_collator
 
@@ -158,9 +164,61 @@ def test_the_cli_runs_a_pipeline_and_exits_by_its_verdict(tmp_path) -> None:  # 
             [sys.executable, "-m", "maskcheck", "canary", *argv], capture_output=True, text=True, timeout=300
         )
 
-    fired = canary("pipeline:causal_off_by_one", "--steps", "100", "--report", str(tmp_path))
-    assert fired.returncode == 1 and "uniform          FAIL" in fired.stdout, fired.stdout + fired.stderr
-    assert (tmp_path / "canary.json").is_file() and (tmp_path / "canary.png").is_file()
+    leaking = [f"pipeline:{name}" for name, (_, leaks) in PIPELINES.items() if leaks and name not in NEEDS]
+    leaking += [f"pipeline:{name}" for name in NEEDS if PIPELINES[name][1] and importlib.util.find_spec(NEEDS[name])]
+    fired = canary(*leaking, "--steps", "100", "--report", str(tmp_path))
+    assert fired.returncode == 1, fired.stdout + fired.stderr
+    for spec in leaking:  # every seeded pipeline bug fires its canary in the CLI too
+        assert re.search(rf"^{spec}  \w+ +FAIL +the \w+ canary fired at step \d+", fired.stdout, re.M), fired.stdout
+    assert len(json.loads((tmp_path / "canary.json").read_text())) == len(leaking)
+    assert (tmp_path / "canary.png").is_file()
     unknown = canary("pipeline:nope")
     assert unknown.returncode == 2 and unknown.stderr.strip().startswith("maskcheck: error: unknown pipeline 'nope'")
     assert "Traceback" not in unknown.stderr
+
+
+def test_twin_targets_are_the_second_copy_chosen_from_what_precedes_it() -> None:
+    document = list(range(3, 11))  # 8 ids
+    ids = torch.tensor([[*document, *document, 20, 21]])
+    labels = ids.clone()
+    labels[0, 12] = -100
+    twins = twin_targets(ids, labels, context=3)
+    # the copy from its 4th id (12 is not scored), and the id after it: what precedes it repeats,
+    # so a copying model would expect the copy to go on (the selection cannot know it ends)
+    assert twins[0].nonzero().flatten().tolist() == [11, 13, 14, 15, 16]
+    changed = ids.clone()
+    changed[0, 11] = 30  # a target's own value does not decide whether it is scored
+    assert twin_targets(changed, labels, context=3)[0, 11]
+
+
+def test_the_isolation_of_packed_documents_is_measured_in_the_forward_the_trainer_runs() -> None:
+    """Padding-free inputs (position ids restarting, no mask): transformers isolates the
+    documents only where no cache is made, so a forward leaving use_cache at its default
+    lets them read each other (docs/canary.md)."""
+    from maskcheck.harness.audits.canary_trainers import document_isolation
+    from maskcheck.reference_models.pipelines import _tiny_llama
+
+    model = _tiny_llama().train()
+    ids = torch.randint(3, 19, (1, 32), generator=torch.Generator().manual_seed(0))
+    padding_free = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(8).repeat(4)[None]}
+    isolated = document_isolation(model, {**padding_free, "use_cache": False}, CI)
+    assert "4 documents in the first batch, attention sdpa" in isolated and "by 0 (isolated)" in isolated, isolated
+    leaking = document_isolation(model, padding_free, CI)
+    assert "(NOT isolated)" in leaking and model.training, leaking
+    assert document_isolation(model, {"input_ids": ids, "position_ids": torch.arange(32)[None]}, CI) == ""
+
+
+def test_a_trainer_that_packs_no_documents_cannot_run_the_twin_canary_and_its_arguments_are_restored() -> None:
+    trainer, _ = PIPELINES["clean_trainer"][0]()
+    before = {name: getattr(trainer.args, name) for name in ARGUMENTS}
+    with pytest.raises(CanaryError, match="does not pack documents together"):
+        trainer_canary(trainer, "twin_documents", CI)
+    assert {name: getattr(trainer.args, name) for name in ARGUMENTS} == before
+    assert trainer._train_batch_size == trainer.args.train_batch_size and "compute_loss" not in vars(trainer)
+
+
+def test_a_pipeline_that_does_not_learn_is_inconclusive_not_a_pass() -> None:
+    result = run_canary(lambda batch: torch.tensor(math.log(40.0)), "uniform", CI)
+    assert result.status == "warn" and result.message.startswith("inconclusive"), result.message
+    with pytest.raises(CanaryFired, match="inconclusive"):
+        assert_no_leak(lambda batch: torch.tensor(math.log(40.0)), settings=CI)

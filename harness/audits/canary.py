@@ -50,6 +50,9 @@ from torch import Tensor
 
 IGNORE_INDEX = -100
 CANARIES = ("uniform", "twin_documents", "twin_rows")
+#: nats above the bound a clean pipeline's last window may end and still have learnt the
+#: canary's distribution: a pipeline further above has not trained enough to show a leak
+UNTRAINED_SLACK = 0.1
 #: which unit suite localises what each canary sees
 NEXT_SUITE = {
     "uniform": "causal (a position reads later tokens) or loss_masking (the labels are not shifted)",
@@ -90,6 +93,7 @@ class CanaryResult:
     margin: float = 0.0  # nats below the bound the test needed
     message: str = ""
     label: str = ""  # the pipeline's name, for a picture of several
+    notes: list[str] = field(default_factory=list)  # what the canary measured about the pipeline on the way
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class CanaryResult:
             "below": self.below,
             "margin": self.margin,
             "message": self.message,
+            "notes": self.notes,
             "losses": self.losses,
             "references": self.references,
         }
@@ -136,22 +141,28 @@ def canary_batches(canary: str, settings: CanarySettings, seed: int) -> Iterator
         }
 
 
-def reference_loss(logits: Tensor, labels: Tensor, shift: bool = True) -> float:
+def reference_loss(logits: Tensor, labels: Tensor, shift: bool = True, scored: Tensor | None = None) -> float:
     """Cross-entropy of ``logits[t]`` against ``labels[t + 1]`` (``shift=False``: ``labels[t]``),
-    -100 ignored, mean over targets."""
+    -100 ignored, mean over targets; with ``scored`` (``[B, T]`` bool over the label
+    positions), over those targets alone (NaN where there are none)."""
+    if scored is not None:
+        labels = labels.masked_fill(~scored.to(labels.device), IGNORE_INDEX)
     targets = (labels[:, 1:] if shift else labels).reshape(-1)
+    if not (targets != IGNORE_INDEX).any():
+        return math.nan
     scores = (logits[:, :-1] if shift else logits).reshape(-1, logits.shape[-1]).float()
     return float(F.cross_entropy(scores, targets.to(scores.device), ignore_index=IGNORE_INDEX))
 
 
 def decide(losses: list[float], bound: float, settings: CanarySettings) -> tuple[int | None, float, float]:
     """(the last step of the first window whose mean is significantly below ``bound``, or
-    None; how far below it lies; the margin the test needed), on windows of the losses."""
+    None; how far below it lies; the margin the test needed), on windows of the losses
+    (a NaN, a step with nothing to score, is left out of its window)."""
     windows = max(1, len(losses) // settings.window)
     z = NormalDist().inv_cdf(1 - settings.alpha / windows)
     closest: tuple[float, float] | None = None  # (below, margin) of the window nearest to firing
     for w in range(windows):
-        chunk = losses[w * settings.window : (w + 1) * settings.window]
+        chunk = [x for x in losses[w * settings.window : (w + 1) * settings.window] if not math.isnan(x)]
         if len(chunk) < 2:
             continue
         mean = sum(chunk) / len(chunk)
@@ -210,6 +221,15 @@ def judged(
             f"the window nearest to firing averages {bound - below:.3f}, where the test needs {bound - margin:.3f} "
             f"or less (alpha {settings.alpha:g})"
         )
+        last = [x for x in losses[-settings.window :] if not math.isnan(x)]
+        above = sum(last) / len(last) - bound if last else math.inf
+        if above > UNTRAINED_SLACK:
+            result.status = "warn"
+            result.message = (
+                f"inconclusive: {result.message}; but its last {len(last)} steps average {above:.3f} nats above the "
+                f"bound: it has not learnt even how often each of the canary's ids occurs, so it could not have "
+                "learnt a leak in these steps either (more steps, or a larger learning rate)"
+            )
         return result
     result.fired_at = fired
     window = losses[fired + 1 - settings.window : fired + 1]
@@ -249,148 +269,11 @@ def judged(
 
 def window_verdict(values: list[float], fired: int, bound: float, settings: CanarySettings) -> tuple[float, bool]:
     """The mean of ``values`` over the window that fired, and whether it is itself below the bound."""
-    window = values[fired + 1 - settings.window : fired + 1]
+    window = [x for x in values[fired + 1 - settings.window : fired + 1] if not math.isnan(x)]
+    if not window:
+        return math.nan, False
     verdict, *_ = decide(window, bound, CanarySettings(window=len(window), alpha=settings.alpha))
     return sum(window) / len(window), verdict is not None
-
-
-# -- pipelines the canary runs ----------------------------------------------------------------
-
-
-def model_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    loss: Callable[[Tensor, Tensor], Tensor] | None = None,
-    inputs: Callable[[Batch], dict[str, Any]] | None = None,
-) -> Step:
-    """The textbook step for ``model``: ``inputs(batch)`` as its keywords (default: a Hugging
-    Face causal LM's, ``input_ids``, ``attention_mask``, ``labels``), its own loss (or
-    ``loss(logits, labels)``), backward, an AdamW step (or ``optimizer``'s). Returns the loss
-    and the logits, so the reference loss is computed too."""
-    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=3e-3)
-    keywords = inputs or (
-        lambda b: {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"], "labels": b["labels"]}
-    )
-
-    def step(batch: Batch) -> tuple[Tensor, Tensor]:
-        model.train()
-        output = model(**keywords(batch))
-        logits = output.logits if hasattr(output, "logits") else (output[0] if isinstance(output, tuple) else output)
-        value = loss(logits, batch["labels"]) if loss is not None else output.loss
-        optimizer.zero_grad()
-        value.backward()
-        optimizer.step()
-        return value.detach(), logits.detach()
-
-    return step
-
-
-def trainer_canary(
-    trainer: Any, canary: str = "uniform", settings: CanarySettings | None = None, seed: int = 0
-) -> CanaryResult:
-    """Run a transformers ``Trainer`` as it is configured (its model, optimiser settings and
-    collator) on the canary's examples, one fresh batch a step, and judge the loss it logs
-    each step (the training loss of that step's batch, before its update)."""
-    from transformers import TrainerCallback
-
-    settings = settings or CanarySettings()
-    if canary == "twin_rows":
-        raise CanaryError(
-            "a Trainer shuffles its examples, so twin rows would not share a batch: run uniform or twin_documents"
-        )
-    examples = [
-        {key: batch[key][row] for key in ("input_ids", "attention_mask", "labels")}
-        for batch in canary_batches(canary, settings, seed)
-        for row in range(settings.batch)
-    ]
-    losses: list[float] = []
-    references: list[float] = []
-    unshifted: list[float] = []
-    compute_loss = trainer.compute_loss
-
-    def recorded_loss(model: Any, inputs: dict[str, Any], return_outputs: bool = False, **kwargs: Any) -> Any:
-        """The trainer's own loss, and beside it maskcheck's cross-entropy of the same logits."""
-        loss, outputs = compute_loss(model, inputs, return_outputs=True, **kwargs)
-        logits = getattr(outputs, "logits", None)
-        if logits is None and isinstance(outputs, dict):
-            logits = outputs.get("logits")
-        if isinstance(logits, Tensor) and "labels" in inputs:
-            references.append(reference_loss(logits.detach(), inputs["labels"]))
-            unshifted.append(reference_loss(logits.detach(), inputs["labels"], shift=False))
-        return (loss, outputs) if return_outputs else loss
-
-    class Losses(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
-
-    args = trainer.args
-    for name, value in {
-        "per_device_train_batch_size": settings.batch,
-        "max_steps": settings.steps,
-        "logging_steps": 1,
-        "gradient_accumulation_steps": 1,
-        "report_to": [],
-        "save_strategy": "no",
-        "dataloader_drop_last": True,
-    }.items():
-        setattr(args, name, value)
-    trainer.train_dataset = examples
-    trainer.add_callback(Losses())
-    trainer.args.seed = seed
-    own = trainer.__dict__.get("compute_loss")  # a compute_loss set on the instance stays the user's
-    trainer.compute_loss = recorded_loss
-    try:
-        trainer.train()
-    except Exception as exc:  # noqa: BLE001 - the user's trainer: one line
-        raise CanaryError(f"the trainer raised: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if own is None:
-            del trainer.compute_loss  # the class's own again
-        else:
-            trainer.compute_loss = own
-    complete = len(references) == len(losses)  # one loss computed per logged step: the reference pairs with it
-    return judged(
-        canary, math.log(settings.ids), losses, settings, references if complete else [], unshifted if complete else []
-    )
-
-
-# -- what users hand the canary ---------------------------------------------------------------
-
-
-def resolve_pipeline(pipeline: Any, default_canary: str = "uniform") -> tuple[Callable[..., CanaryResult], str]:
-    """``(run, canary)`` for what a user hands over: a step function, a ``(step, canary)``
-    pair, a transformers ``Trainer``, or a model (trained with :func:`model_step`); ``run``
-    takes ``(canary, settings, seed)``."""
-    if isinstance(pipeline, tuple) and len(pipeline) == 2 and callable(pipeline[0]):
-        step, canary = pipeline
-        return (lambda c, s, seed: run_canary(step, c, s, seed)), canary
-    try:
-        from transformers import Trainer
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        Trainer = ()  # type: ignore[assignment,misc]
-    if Trainer and isinstance(pipeline, Trainer):
-        return (lambda c, s, seed: trainer_canary(pipeline, c, s, seed)), default_canary
-    if isinstance(pipeline, torch.nn.Module):
-        return (lambda c, s, seed: run_canary(model_step(pipeline), c, s, seed)), default_canary
-    if callable(pipeline):
-        return (lambda c, s, seed: run_canary(pipeline, c, s, seed)), default_canary
-    raise CanaryError(
-        "a canary runs a training step, a (step, canary) pair, a transformers Trainer or a model; "
-        f"got {type(pipeline).__name__}"
-    )
-
-
-def assert_no_leak(
-    pipeline: Any, canary: str | None = None, settings: CanarySettings | None = None, seed: int = 0
-) -> CanaryResult:
-    """For a test: run the canary on ``pipeline`` (see :func:`resolve_pipeline`) and raise
-    ``AssertionError`` with the verdict when it fires; the result otherwise."""
-    run, own = resolve_pipeline(pipeline)
-    result = run(canary or own, settings, seed)
-    if result.status != "pass":
-        raise AssertionError(result.message)
-    return result
 
 
 def draw_losses(results: list[CanaryResult], path: Any, title: str) -> Any:
