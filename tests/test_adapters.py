@@ -259,7 +259,7 @@ def test_one_rule_gives_a_model_and_its_saved_config_the_same_task(name: str, tm
     config's ``architectures``) come from one rule, and are the task the model was built for."""
     import transformers
 
-    from maskcheck.harness.adapters.hf import infer_task
+    from maskcheck.harness.adapters.hf_loading import infer_task
 
     model = tiny_model(name)
     model.save_pretrained(tmp_path)
@@ -270,7 +270,7 @@ def test_one_rule_gives_a_model_and_its_saved_config_the_same_task(name: str, tm
 
 
 def test_the_task_rule_reads_heads_then_the_bert_family_fallback() -> None:
-    from maskcheck.harness.adapters.hf import infer_task
+    from maskcheck.harness.adapters.hf_loading import infer_task
 
     def config(**fields):  # type: ignore[no-untyped-def]
         return SimpleNamespace(**fields)

@@ -202,7 +202,7 @@ def test_a_window_no_layer_uses_declares_no_per_layer_check() -> None:
     window to verify: no layer_windows check, no error."""
     from types import SimpleNamespace
 
-    from maskcheck.harness.adapters.hf import declared_layer_windows
+    from maskcheck.harness.adapters.hf_probes import declared_layer_windows
 
     config = windowed("MistralConfig", "sdpa", sliding_window=8, max_position_embeddings=64).config
     assert declared_layer_windows(config) == [8, 8]

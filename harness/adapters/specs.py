@@ -116,7 +116,8 @@ def adapter_for(
 
         return ReferenceAdapter(_place(model, device, dtype), spec)
     if _is_pretrained(model):
-        from .hf import HFAdapter, HFLoadError
+        from .hf import HFAdapter
+        from .hf_loading import HFLoadError
 
         try:
             return HFAdapter(_place(model, device, dtype), spec, task=task)
@@ -272,12 +273,8 @@ def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> 
 
 
 def _load_hf(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
-    from .hf import (
-        HFAdapter,
-        HFLoadError,
-        load_hf_directory,
-        load_hf_tokenizer,
-    )
+    from .hf import HFAdapter
+    from .hf_loading import HFLoadError, load_hf_directory, load_hf_tokenizer
 
     try:
         model = load_hf_directory(
