@@ -201,6 +201,7 @@ def trainer_canary(
 
 
 def _printers(trainer: Any) -> list[Any]:
+    """The trainer's callbacks that print every log: the canary logs every step."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     return [c for c in trainer.callback_handler.callbacks if isinstance(c, PrinterCallback | ProgressCallback)]
@@ -222,7 +223,7 @@ def _canary_dataset(trainer: Any, canary: str, settings: CanarySettings, seed: i
     so no batch is seen twice."""
     needed = settings.steps * rows
     if not is_sft_trainer(trainer):
-        documents = canary_documents(canary, settings, seed, needed if canary == "uniform" else 2 * needed)
+        documents = canary_documents(canary, settings, seed, needed)
         return [{"input_ids": d, "attention_mask": [1] * len(d), "labels": list(d)} for d in documents]
     import datasets
 
