@@ -49,6 +49,8 @@ from .canary import (
 #: document of 16 keeps 10 of its 15 targets
 TWIN_CONTEXT = 6
 NO_BOUNDARY = "position ids do not restart in the collated rows: the model is told of no document boundary inside a row"
+#: an encoder-decoder's sources come from this seed plus the data seed, apart from its targets
+SOURCE_SEED = 2**31
 #: where the first collated batches hold no twin target, the canary cannot run
 PEEKED_BATCHES = 3
 ARGUMENTS = {  # what the canary sets on the trainer's arguments for its run, and restores after
@@ -200,6 +202,10 @@ def trainer_canary(
     return run.verdict()
 
 
+def _is_encoder_decoder(model: Any) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
 def _printers(trainer: Any) -> list[Any]:
     """The trainer's callbacks that print every log: the canary logs every step."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -224,7 +230,16 @@ def _canary_dataset(trainer: Any, canary: str, settings: CanarySettings, seed: i
     needed = settings.steps * rows
     if not is_sft_trainer(trainer):
         documents = canary_documents(canary, settings, seed, needed)
-        return [{"input_ids": d, "attention_mask": [1] * len(d), "labels": list(d)} for d in documents]
+        if not _is_encoder_decoder(trainer.model):
+            return [{"input_ids": d, "attention_mask": [1] * len(d), "labels": list(d)} for d in documents]
+        if canary != "uniform":
+            raise CanaryError(f"an encoder-decoder's trainer packs no documents: the {canary} canary cannot run")
+        # the target is the document; the source, drawn apart, says nothing of it
+        sources = canary_documents("uniform", settings, SOURCE_SEED + seed, needed)
+        return [
+            {"input_ids": s, "attention_mask": [1] * len(s), "labels": d}
+            for s, d in zip(sources, documents, strict=True)
+        ]
     import datasets
 
     args = trainer.args
@@ -272,6 +287,9 @@ class _Recorder:
 
     def __init__(self, trainer: Any, canary: str, settings: CanarySettings) -> None:
         self.trainer, self.canary, self.settings = trainer, canary, settings
+        #: an encoder-decoder's logits[t] predict labels[t] (its decoder inputs are the labels
+        #: shifted right); a causal LM's predict labels[t + 1]
+        self.shift = not _is_encoder_decoder(trainer.model)
         self.own_compute_loss: Callable[..., Any] = trainer.compute_loss
         self.losses: list[float] = []
         self.references: list[float] = []
@@ -287,8 +305,9 @@ class _Recorder:
         logits, labels = _logits(outputs), inputs.get("labels")
         if isinstance(logits, Tensor) and isinstance(labels, Tensor):
             logits = logits.detach()
-            self.references.append(reference_loss(logits, labels))
-            self.unshifted.append(reference_loss(logits, labels, shift=False))
+            self.references.append(reference_loss(logits, labels, shift=self.shift))
+            if self.shift:  # the alternative a causal LM's step can get wrong: scoring what it reads
+                self.unshifted.append(reference_loss(logits, labels, shift=False))
             if self.canary == "twin_documents":
                 twins = twin_targets(inputs["input_ids"], labels)
                 self.twin_references.append(reference_loss(logits, labels, scored=twins))
@@ -313,7 +332,8 @@ class _Recorder:
     def verdict(self) -> CanaryResult:
         settings, bound = self.settings, math.log(self.settings.ids)
         paired = len(self.references) == len(self.losses)  # one loss computed per logged step
-        references, unshifted = (self.references, self.unshifted) if paired else ([], [])
+        references = self.references if paired else []
+        unshifted = self.unshifted if paired and self.shift else []
         result = judged(self.canary, bound, self.losses, settings, references, unshifted)
         if self.canary == "twin_documents" and paired:
             result = self._with_twin_targets(result, bound)
