@@ -23,8 +23,8 @@ from maskcheck.harness.engine.profiles import length_cap
 from maskcheck.harness.engine.strategies import short_or_long
 from maskcheck.harness.engine.tolerance import EPS, tolerance_for
 from maskcheck.reference_models.hf_tiny import tiny_model
-from maskcheck.reference_models.mutants import LONG_FROM
 from maskcheck.reference_models.plain import plain_decoder
+from maskcheck.reference_models.reference_bugs import LONG_FROM
 
 pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
 
