@@ -62,6 +62,7 @@ def decoder_step(model: Transformer, shift: bool = True, own_loss: bool = False)
 
 
 def clean_decoder() -> tuple[Callable[[Batch], Any], str]:
+    """The tiny reference decoder, a hand-written step."""
     return decoder_step(_reference()), "uniform"
 
 
@@ -113,6 +114,7 @@ def seq2seq_step(labels_as_decoder_inputs: bool) -> Callable[[Batch], Any]:
 
 
 def clean_seq2seq() -> tuple[Callable[[Batch], Any], str]:
+    """The tiny reference encoder-decoder, its decoder inputs the labels shifted right."""
     return seq2seq_step(False), "uniform"
 
 
@@ -166,6 +168,7 @@ def packed_llama_step(isolated: bool, use_cache: bool | None = False) -> Callabl
 
 
 def clean_packing() -> tuple[Callable[[Batch], Any], str]:
+    """A tiny Llama trained padding-free (position ids restarting, no mask, ``use_cache=False``)."""
     return packed_llama_step(isolated=True), "twin_documents"
 
 
@@ -187,6 +190,21 @@ def hf_causal_lm(model_type: str) -> tuple[Any, str]:
     from .hf_tiny import tiny_model
 
     return tiny_model(model_type).train(), "uniform"
+
+
+def clean_hf_gpt2() -> tuple[Any, str]:
+    """A tiny GPT-2, trained on its own loss."""
+    return hf_causal_lm("gpt2")
+
+
+def clean_hf_qwen2() -> tuple[Any, str]:
+    """A tiny Qwen2, trained on its own loss."""
+    return hf_causal_lm("qwen2")
+
+
+def clean_hf_mistral() -> tuple[Any, str]:
+    """A tiny Mistral (a sliding window of 4 tokens), trained on its own loss."""
+    return hf_causal_lm("mistral")
 
 
 def clean_trainer() -> tuple[Any, str]:
@@ -241,10 +259,12 @@ def sft_trainer(packing: bool, packing_strategy: str = "bfd") -> Any:
 
 
 def sft_not_packed() -> tuple[Any, str]:
+    """TRL's ``SFTTrainer`` without packing: each document its own padded row."""
     return sft_trainer(packing=False), "uniform"
 
 
 def sft_padding_free() -> tuple[Any, str]:
+    """TRL's ``SFTTrainer`` with ``packing=True``: best-fit decreasing, padding-free."""
     return sft_trainer(packing=True), "twin_documents"
 
 
@@ -265,9 +285,9 @@ PIPELINES: dict[str, tuple[Callable[[], tuple[Any, str]], bool]] = {
     "decoder_inputs_are_labels": (decoder_inputs_are_labels, True),
     "packing_across_documents": (packing_across_documents, True),
     "padding_free_with_default_cache": (padding_free_with_default_cache, True),
-    "clean_hf_gpt2": (lambda: hf_causal_lm("gpt2"), False),
-    "clean_hf_qwen2": (lambda: hf_causal_lm("qwen2"), False),
-    "clean_hf_mistral": (lambda: hf_causal_lm("mistral"), False),
+    "clean_hf_gpt2": (clean_hf_gpt2, False),
+    "clean_hf_qwen2": (clean_hf_qwen2, False),
+    "clean_hf_mistral": (clean_hf_mistral, False),
     "clean_trainer": (clean_trainer, False),
     "sft_not_packed": (sft_not_packed, False),
     "sft_padding_free": (sft_padding_free, False),

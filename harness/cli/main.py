@@ -292,7 +292,7 @@ def cmd_list() -> int:
 
     print("\nTraining pipelines (maskcheck canary pipeline:NAME), clean and seeded:")
     for name, (factory, leaks) in PIPELINES.items():
-        summary = " ".join((factory.__doc__ or "a clean pipeline").split())
+        summary = " ".join((factory.__doc__ or "").split())
         print(f"  {name:<34} {'leaks' if leaks else 'clean'}: {summary}")
     print("\nSeeded bugs (mutant:NAME), with the suite and check that must catch them:")
     for name, mutant in MUTANTS.items():
