@@ -267,3 +267,26 @@ def test_an_encoder_decoder_trainer_reads_its_targets_from_an_independent_source
     assert leaking.status == "fail" and "against the next tokens agrees" in leaking.message, leaking.message
     with pytest.raises(CanaryError, match="packs no documents"):
         trainer_canary(_trainer(tiny_model("t5").train(), tmp_path / "c"), "twin_documents", CI)
+
+
+def test_a_hand_written_loop_step_takes_its_model_and_the_batch() -> None:
+    """``step(model, batch) -> loss`` with its model as ``(step, model)``, the shape of a
+    hand-written loop; a step scoring each position's own token fires."""
+    import torch.nn.functional as F
+
+    def step(model, batch, shift=True):  # type: ignore[no-untyped-def]
+        logits = model(batch["input_ids"], batch["attention_mask"]).logits
+        scores, targets = (logits[:, :-1], batch["labels"][:, 1:]) if shift else (logits, batch["labels"])
+        loss = F.cross_entropy(scores.flatten(0, 1), targets.flatten())
+        model.optimizer.zero_grad()
+        loss.backward()
+        model.optimizer.step()
+        return loss.detach(), logits.detach()
+
+    def trained(model):  # type: ignore[no-untyped-def]
+        model.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        return model
+
+    assert assert_no_leak((step, trained(_fresh_reference())), settings=CI).status == "pass"
+    with pytest.raises(CanaryFired, match="labels not shifted"):
+        assert_no_leak((lambda m, b: step(m, b, shift=False), trained(_fresh_reference())), settings=CI)

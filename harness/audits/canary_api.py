@@ -42,13 +42,17 @@ def model_step(
 
 
 def resolve_pipeline(pipeline: Any, default_canary: str = "uniform") -> tuple[Callable[..., CanaryResult], str]:
-    """``(run, canary)`` for what a user hands over: a step function, a transformers
-    ``Trainer`` (TRL's ``SFTTrainer`` included), a model (trained with :func:`model_step`), or
-    any of them paired with its canary, ``(pipeline, canary)``; ``run`` takes
-    ``(canary, settings, seed)``."""
+    """``(run, canary)`` for what a user hands over: a step function ``step(batch)``, a
+    hand-written loop's ``step(model, batch)`` with its model as ``(step, model)``, a
+    transformers ``Trainer`` (TRL's ``SFTTrainer`` included), a model (trained with
+    :func:`model_step`), or any of them paired with its canary, ``(pipeline, canary)``;
+    ``run`` takes ``(canary, settings, seed)``."""
     if isinstance(pipeline, tuple) and len(pipeline) == 2 and isinstance(pipeline[1], str):
         run, _ = resolve_pipeline(pipeline[0])
         return run, pipeline[1]
+    if isinstance(pipeline, tuple) and len(pipeline) == 2 and isinstance(pipeline[1], torch.nn.Module):
+        step, model = pipeline
+        return (lambda c, s, seed: run_canary(lambda batch: step(model, batch), c, s, seed)), default_canary
     from transformers import Trainer
 
     if isinstance(pipeline, Trainer):
@@ -58,7 +62,8 @@ def resolve_pipeline(pipeline: Any, default_canary: str = "uniform") -> tuple[Ca
     if callable(pipeline):
         return (lambda c, s, seed: run_canary(pipeline, c, s, seed)), default_canary
     raise CanaryError(
-        "a canary runs a training step, a transformers Trainer or a model, or one of them paired with its canary; "
+        "a canary runs a training step (or a (step, model) pair), a transformers Trainer or a model, "
+        "or one of them paired with its canary; "
         f"got {type(pipeline).__name__}"
     )
 
