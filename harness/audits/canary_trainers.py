@@ -312,7 +312,7 @@ class _Recorder:
                 twins = twin_targets(inputs["input_ids"], labels)
                 self.twin_references.append(reference_loss(logits, labels, scored=twins))
                 self.twin_share.append(float(twins.sum() / (labels[:, 1:] != IGNORE_INDEX).sum().clamp(min=1)))
-        if not self.notes and model.training:
+        if not self.notes and model.training and self.shift:  # an encoder-decoder packs nothing
             note = document_isolation(model, inputs, self.settings)
             self.notes.append(note or NO_BOUNDARY)
         return (loss, outputs) if return_outputs else loss
