@@ -247,16 +247,22 @@ def _canary_dataset(trainer: Any, canary: str, settings: CanarySettings, seed: i
     packed = getattr(args, "packing", False) and getattr(args, "max_length", None)
     per_row = max(1, args.max_length // length) if packed else (1 if canary == "uniform" else 2)
     documents = canary_documents(canary, settings, seed, needed * per_row + 2 * per_row)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prepared = trainer._prepare_dataset(  # the trainer's own tokenisation check, labels and packing
-            datasets.Dataset.from_dict({"input_ids": documents}),
-            trainer.processing_class,
-            args,
-            getattr(args, "packing", False),
-            None,
-            "train",
-        )
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a bar per preparation stage would bury the canary's progress
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = trainer._prepare_dataset(  # the trainer's own tokenisation check, labels and packing
+                datasets.Dataset.from_dict({"input_ids": documents}),
+                trainer.processing_class,
+                args,
+                getattr(args, "packing", False),
+                None,
+                "train",
+            )
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     if len(prepared) < needed:
         raise CanaryError(
             f"the trainer prepared {len(prepared)} rows from the canary's documents, fewer than the {needed} that "
