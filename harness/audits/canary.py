@@ -141,6 +141,19 @@ def canary_batches(canary: str, settings: CanarySettings, seed: int) -> Iterator
         }
 
 
+def logits_of(outputs: Any) -> Tensor | None:
+    """The logits a forward returned: ``.logits``, a ``"logits"`` key, the first of a tuple,
+    or the tensor itself (a plain module that returns its logits)."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    if logits is None and isinstance(outputs, tuple | list):
+        logits = outputs[0]
+    return logits
+
+
 def reference_loss(logits: Tensor, labels: Tensor, shift: bool = True, scored: Tensor | None = None) -> float:
     """Cross-entropy of ``logits[t]`` against ``labels[t + 1]`` (``shift=False``: ``labels[t]``),
     -100 ignored, mean over targets; with ``scored`` (``[B, T]`` bool over the label

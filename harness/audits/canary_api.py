@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .canary import Batch, CanaryError, CanaryResult, CanarySettings, Step, run_canary
+from .canary import Batch, CanaryError, CanaryResult, CanarySettings, Step, logits_of, run_canary
 from .canary_trainers import trainer_canary
 
 
@@ -31,7 +31,7 @@ def model_step(
     def step(batch: Batch) -> tuple[Tensor, Tensor]:
         model.train()
         output = model(**keywords(batch))
-        logits = output.logits if hasattr(output, "logits") else (output[0] if isinstance(output, tuple) else output)
+        logits = logits_of(output)
         value = loss(logits, batch["labels"]) if loss is not None else output.loss
         optimizer.zero_grad()
         value.backward()

@@ -41,6 +41,7 @@ from .canary import (
     CanarySettings,
     decide,
     judged,
+    logits_of,
     reference_loss,
 )
 
@@ -135,8 +136,8 @@ def document_isolation(model: torch.nn.Module, inputs: dict[str, Any], settings:
     model.eval()
     try:
         with torch.no_grad():
-            before = _logits(model(**forward))[row, start:end].float()
-            after = _logits(model(**{**forward, "input_ids": changed}))[row, start:end].float()
+            before = logits_of(model(**forward))[row, start:end].float()
+            after = logits_of(model(**{**forward, "input_ids": changed}))[row, start:end].float()
     finally:
         model.train(training)
     moved = float((before - after).abs().max())
@@ -145,15 +146,6 @@ def document_isolation(model: torch.nn.Module, inputs: dict[str, Any], settings:
         f"packed rows, {len(documents)} documents in the first batch, attention {attention}: drawing the other "
         f"documents of a row again moves one document's logits by {moved:.3g} ({verdict})"
     )
-
-
-def _logits(outputs: Any) -> Tensor:
-    logits = getattr(outputs, "logits", None)
-    if logits is None and isinstance(outputs, dict):
-        logits = outputs.get("logits")
-    if logits is None and isinstance(outputs, tuple | list):
-        logits = outputs[0]
-    return logits
 
 
 def trainer_canary(
@@ -213,13 +205,19 @@ def _printers(trainer: Any) -> list[Any]:
     return [c for c in trainer.callback_handler.callbacks if isinstance(c, PrinterCallback | ProgressCallback)]
 
 
+def _packed_length(trainer: Any) -> int | None:
+    """The row length TRL packs documents into, or None where the trainer does not pack."""
+    args = trainer.args
+    if is_sft_trainer(trainer) and getattr(args, "packing", False):
+        return getattr(args, "max_length", None)
+    return None
+
+
 def _rows_a_step(trainer: Any, settings: CanarySettings) -> int:
     """``settings.batch`` rows, or, where TRL packs to ``max_length``, the packed rows that
     hold as many tokens (at least one)."""
-    args = trainer.args
-    if is_sft_trainer(trainer) and getattr(args, "packing", False) and getattr(args, "max_length", None):
-        return max(1, settings.batch * settings.length // args.max_length)
-    return settings.batch
+    packed = _packed_length(trainer)
+    return max(1, settings.batch * settings.length // packed) if packed else settings.batch
 
 
 def _canary_dataset(trainer: Any, canary: str, settings: CanarySettings, seed: int, rows: int) -> Any:
@@ -244,8 +242,8 @@ def _canary_dataset(trainer: Any, canary: str, settings: CanarySettings, seed: i
 
     args = trainer.args
     length = settings.length if canary == "uniform" else settings.length // 2
-    packed = getattr(args, "packing", False) and getattr(args, "max_length", None)
-    per_row = max(1, args.max_length // length) if packed else (1 if canary == "uniform" else 2)
+    packed = _packed_length(trainer)
+    per_row = max(1, packed // length) if packed else (1 if canary == "uniform" else 2)
     documents = canary_documents(canary, settings, seed, needed * per_row + 2 * per_row)
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a bar per preparation stage would bury the canary's progress
@@ -308,7 +306,7 @@ class _Recorder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TRL recomputes the logits it no longer returns
             loss, outputs = self.own_compute_loss(model, inputs, return_outputs=True, **kwargs)
-        logits, labels = _logits(outputs), inputs.get("labels")
+        logits, labels = logits_of(outputs), inputs.get("labels")
         if isinstance(logits, Tensor) and isinstance(labels, Tensor):
             logits = logits.detach()
             self.references.append(reference_loss(logits, labels, shift=self.shift))
@@ -339,7 +337,7 @@ class _Recorder:
         settings, bound = self.settings, math.log(self.settings.ids)
         paired = len(self.references) == len(self.losses)  # one loss computed per logged step
         references = self.references if paired else []
-        unshifted = self.unshifted if paired and self.shift else []
+        unshifted = self.unshifted if paired else []  # empty for an encoder-decoder
         result = judged(self.canary, bound, self.losses, settings, references, unshifted)
         if self.canary == "twin_documents" and paired:
             result = self._with_twin_targets(result, bound)
