@@ -14,11 +14,12 @@ that any change of forward shapes may reorder, so it is not kept.
 ``tests/test_batching.py`` compares fresh audits against the file (``--compare``), in a
 process of its own, as it was recorded.
 
-The record now in the file was made by the engine before batching (commit 075cb96) with
-one change applied: its searches drew without Hypothesis's pool of constants from local
-modules (``harness.engine.profiles.without_local_constants``), which every search draws without
-since. That change alone moved 30 of the catalogue's cases and no status; the record
-holds the engine after batching to the same draws.
+The record holds the engine after the cases were made to be what users give (labels
+as collators build them, lengths up to the profile's cap): every status is the one the
+engine before batching recorded, and the cases are those the engine draws since. Its
+searches draw without Hypothesis's pool of constants from local modules
+(``harness.engine.profiles.without_local_constants``). Make it again only for a change
+that means to move cases, after checking that no status moved; say so in the changelog.
 """
 
 from __future__ import annotations
