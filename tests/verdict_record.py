@@ -64,31 +64,42 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
     if isinstance(model, tuple):
         model = HFAdapter(tiny_model(*model))
     evaluated: dict[str, set[str]] = {}
-    original = runner.run_check
+    # The batching gate runs its check through run_check, the suites through _run_one: both are seen.
+    originals = {"run_check": runner.run_check, "_run_one": runner._run_one}
 
-    def recording_run_check(check: Any, context: Any) -> Any:
-        seen = evaluated.setdefault(check.name, set())
+    def recording(name: str) -> Any:
+        def run(check: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+            seen = evaluated.setdefault(check.name, set())
 
-        def evaluate(case: Any) -> Any:
-            seen.add(repr(case))
-            return check.evaluate(case)
+            def evaluate(case: Any) -> Any:
+                seen.add(repr(case))
+                return check.evaluate(case)
 
-        return original(dataclasses.replace(check, evaluate=evaluate), context)
+            return originals[name](dataclasses.replace(check, evaluate=evaluate), context, *args, **kwargs)
 
-    runner.run_check = recording_run_check
+        return run
+
+    for name in originals:
+        setattr(runner, name, recording(name))
     try:
         # The canonical path only: the record predates call paths, which add runs of their own.
         result = audit(
             model, suites, paths=("canonical",), **({} if batch_cases else {"batch_cases": False})
         )  # the engine before batching had no such option
     finally:
-        runner.run_check = original
+        for name, original in originals.items():
+            setattr(runner, name, original)
     kept: dict[str, dict[str, dict[str, Any]]] = {}
     for suite in result.suites:
         for check in suite.checks:
             entry: dict[str, Any] = {"status": check.status}
             if check.status in ("fail", "warn"):
                 entry["case"] = check.case
+            if check.status in ("pass", "warn") and not evaluated.get(check.name):
+                raise RuntimeError(
+                    f"{label}: the recorder saw no case of {suite.name}/{check.name}, which passed or warned:"
+                    " the runner runs checks another way; mend record() before recording"
+                )
             if check.status != "fail" and check.name in evaluated:
                 cases = sorted(evaluated[check.name])
                 entry["evaluated"] = [len(cases), hashlib.sha256("\n".join(cases).encode()).hexdigest()[:16]]
