@@ -58,6 +58,17 @@ def gpt2_small() -> Any:
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 
 
+def gpt2_narrow() -> Any:
+    """GPT-2 with the 124M shape's vocabulary and context but 64 wide and one layer: the
+    audit draws the cases it draws on gpt2-small (their lengths follow the context) at a
+    fiftieth of the compute, for counting forwards and tokens (``--count``)."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(bos_token_id=1, eos_token_id=2, pad_token_id=0, n_embd=64, n_layer=1, n_head=4)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
 def tiny_reference() -> Any:
     from maskcheck.reference_models import PRESETS, Transformer
 
@@ -66,6 +77,7 @@ def tiny_reference() -> Any:
 
 
 MODELS: dict[str, Callable[[], Any]] = {"gpt2-small": gpt2_small, "tiny-reference": tiny_reference}
+COUNTED: dict[str, Callable[[], Any]] = {**MODELS, "gpt2-narrow": gpt2_narrow}
 
 
 class Recorder:
@@ -192,6 +204,79 @@ def forward_cost(model: Any, repeats: int = 5) -> tuple[list[tuple[int, int, flo
     seconds = torch.tensor([[s] for _, _, s in timings], dtype=torch.float64)
     fixed, per_token = torch.linalg.lstsq(tokens, seconds).solution.flatten().tolist()
     return timings, fixed, per_token
+
+
+def count(model: Any, profile: str) -> tuple[dict[tuple[str, str], collections.Counter], Any]:
+    """Forwards, rows and input tokens of one audit, by (suite, call path): what an audit
+    asks of the model, whatever the machine. Backward passes of the gradient checks are
+    counted as the forwards they follow (``grad``)."""
+    from maskcheck.harness.audits import runner
+
+    counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    where = types.SimpleNamespace(suite=GATE, path="canonical")
+    kind, original_forward, original_run_one = type(model), type(model).forward, runner._run_one
+
+    @functools.wraps(original_forward)
+    def counted_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        tally = counts[(where.suite, where.path)]
+        tally["forwards"] += 1
+        tally["grad"] += torch.is_grad_enabled()
+        if isinstance(ids, torch.Tensor):
+            tally["rows"] += ids.shape[0]
+            tally["tokens"] += ids.numel()
+        return original_forward(module, *args, **kwargs)
+
+    def run_one(
+        check: Any,
+        context: Any,
+        result: Any,
+        failures: Any,
+        suite: str = "",
+        path: str = "canonical",
+        *rest: Any,
+        **kwargs: Any,
+    ) -> Any:
+        where.path = path
+        try:
+            return original_run_one(check, context, result, failures, suite, path, *rest, **kwargs)
+        finally:
+            where.path = "canonical"
+
+    kind.forward = counted_forward  # type: ignore[method-assign]
+    runner._run_one = run_one
+    try:
+        _, _, result = run_audit(model, profile, where)
+    finally:
+        kind.forward = original_forward  # type: ignore[method-assign]
+        runner._run_one = original_run_one
+    return counts, result
+
+
+def print_counts(name: str, profile: str, counts: dict[tuple[str, str], collections.Counter], result: Any) -> None:
+    suites = list(dict.fromkeys(suite for suite, _ in counts))
+    paths = list(dict.fromkeys(path for _, path in counts))
+    print(f"\n{name}, profile {profile}: forwards / input tokens of one audit, by suite and call path")
+    print(f"  {'suite':<16} {'status':<15}" + "".join(f" {path:>18}" for path in paths) + f" {'all':>18}")
+    totals: collections.Counter = collections.Counter()
+    for suite in suites:
+        status = next((s.status for s in result.suites if s.name == suite), "")
+        row = [counts.get((suite, path), collections.Counter()) for path in paths]
+        cells = "".join(f" {c['forwards']:>7} / {c['tokens']:>8}" for c in row)
+        all_ = sum(row, collections.Counter())
+        totals.update(all_)
+        print(f"  {suite:<16} {status:<15}{cells} {all_['forwards']:>7} / {all_['tokens']:>8}")
+    by_path = [
+        sum((counts.get((s, path), collections.Counter()) for s in suites), collections.Counter()) for path in paths
+    ]
+    print(
+        f"  {'all':<16} {'':<15}"
+        + "".join(f" {c['forwards']:>7} / {c['tokens']:>8}" for c in by_path)
+        + f" {totals['forwards']:>7} / {totals['tokens']:>8}"
+    )
+    print(
+        f"  {totals['grad']} of the forwards with gradients (the training path and the gradient checks); {totals['rows']} rows"
+    )
 
 
 def peer_module() -> str:
@@ -328,7 +413,7 @@ def measure(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="both", choices=[*MODELS, "both"])
+    parser.add_argument("--model", default="both", choices=[*COUNTED, "both"])
     parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
     parser.add_argument(
@@ -369,8 +454,22 @@ def main() -> int:
         action="store_true",
         help="with --peer: only the audit and the peer's run, alternating (no recording, replay or unbatched audit)",
     )
+    parser.add_argument(
+        "--count",
+        action="store_true",
+        help="only count one audit's forwards and tokens by suite and call path (no timing; gpt2-narrow draws gpt2-small's cases)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.count:
+        for name in list(MODELS) if args.model == "both" else [args.model]:
+            counts, result = count(
+                COUNTED[name]().to(device=args.device, dtype=getattr(torch, args.dtype)), args.profile
+            )
+            print_counts(name, args.profile, counts, result)
+        return 0
+    if args.model == "gpt2-narrow":
+        parser.error("gpt2-narrow is for --count: it has gpt2-small's cases, not its cost")
     if args.peer_only:
         if not args.peer:
             parser.error("--peer-only needs --peer PYTHON")
