@@ -165,3 +165,45 @@ def test_the_overhead_benchmark_runs_the_model_in_the_dtype_asked() -> None:
     result = measure("tiny-reference", "dev", repeats=1, dtype="bfloat16")
     assert result["dtype"] == "bfloat16" and result["forwards"] > 0 and result["bare"] > 0
     assert {row["status"] for row in result["per_suite"].values()} <= {"pass", "warn", "not_applicable"}
+
+
+@pytest.mark.call_paths  # every call path (conftest.py): the count tells them apart
+def test_the_overhead_benchmark_counts_every_forward_the_audit_makes_by_suite_and_path() -> None:
+    """``--count``: the forwards it counts are the ones the recorder records, the other call
+    paths are told apart from the canonical one, and what it patched is restored."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from audit_overhead import Recorder, count
+
+    from maskcheck.harness.audits import runner
+    from maskcheck.reference_models import PRESETS, Transformer
+
+    model = Transformer(PRESETS["tiny-decoder"]).eval()
+    forward, run_one = Transformer.forward, runner._run_one
+    counts, result = count(model, "dev")
+    assert (Transformer.forward, runner._run_one) == (forward, run_one)
+    recorder = Recorder(model)
+    try:
+        audit(model, profile="dev")
+    finally:
+        recorder.remove()
+    assert sum(c["forwards"] for c in counts.values()) == len(recorder.calls)
+    paths = {path for _, path in counts}
+    assert "canonical" in paths and "bare_call" in paths and "training" in paths, paths
+    assert counts[("causal", "canonical")]["tokens"] > 0
+    assert {s.status for s in result.suites} <= {"pass", "warn", "not_applicable"}
+
+
+def test_the_cases_needed_benchmark_finds_the_fewest_cases_that_catch_a_seeded_bug() -> None:
+    """A bug the minimal case shows needs 1; one that needs a long row needs the drawn case too."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import torch
+    from cases_needed import needed
+
+    call = torch.nn.Module.__call__
+    first, forwards, tokens, _ = needed("causal_sees_next_token", "dev", [1, 2])
+    assert (first, torch.nn.Module.__call__) == (1, call) and forwards > 0 and tokens > 0
+    assert needed("causal_leaks_past_length", "dev", [1, 2])[0] == 2
