@@ -17,6 +17,9 @@ instrumented audit that splits each suite's time into the model's forwards, the
 harness's work around them (building cases, comparing, the adapter) and Hypothesis
 with the engine (drawing cases, running checks); its timers add a little overhead of
 their own, so its figures say where the time goes, not what the ratio is.
+``--count`` times nothing: it counts one audit's forwards, rows and input tokens by suite
+and call path, what the audit asks of any machine (``--model gpt2-narrow`` draws
+gpt2-small's cases at a fiftieth of its compute).
 ``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
 layers, 50257 tokens); the cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
 pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine. ``--device cuda``
