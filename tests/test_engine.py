@@ -155,28 +155,6 @@ def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_fu
     assert [len(example) for example in examples[1:]] == [10] * 5
 
 
-def test_every_random_example_reaches_one_long_length_in_its_first_case_and_no_other() -> None:
-    """Long rows cost their tokens: one per example sees past the short range, the rest stay short."""
-    from hypothesis import Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
-    from maskcheck.harness.engine.suite import example_strategy
-
-    examples: list[tuple] = []
-
-    @hypothesis_seed(0)
-    @settings(max_examples=12, database=None, phases=[Phase.generate])
-    @given(example_strategy(padded_cases(12, longest=200), 10))
-    def record(example: tuple) -> None:
-        examples.append(example)
-
-    record()
-    assert max(examples[0][0].lengths) <= 12  # the minimal case
-    for first, *others in examples[1:]:
-        assert max(first.lengths) > 12 and sorted(first.lengths)[-2:-1] <= [12], first
-        assert all(max(case.lengths) <= 12 for case in others), others
-
-
 def test_a_spent_shrink_budget_reports_the_smallest_failing_case_found_by_then() -> None:
     """Shrinking stops once the budget is spent: the check still fails, on a case no larger
     than the first failure, and says why it may not be minimal."""
