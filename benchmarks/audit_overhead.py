@@ -117,10 +117,16 @@ GATE = "(gate)"
 
 
 def run_audit(
-    model: Any, profile: str, follower: Any = None, batch_cases: bool = True
+    model: Any,
+    profile: str,
+    follower: Any = None,
+    batch_cases: bool = True,
+    suites: list[str] | None = None,
+    examples: int | None = None,
 ) -> tuple[float, dict[str, float], Any]:
     """The audit's wall time, each suite's share of it, and the result; ``follower`` (a
-    Recorder, or any object with a ``suite`` attribute) is told which suite is running."""
+    Recorder, or any object with a ``suite`` attribute) is told which suite is running.
+    ``model``: a model or an adapter; ``suites`` None: every suite."""
     per_suite: dict[str, float] = {}
 
     def progress(event: str, suite: str, result: Any) -> None:
@@ -134,10 +140,10 @@ def run_audit(
             per_suite[suite] = time.perf_counter() - per_suite[suite]
 
     adapter = adapter_for(model)
-    device = next(model.parameters()).device
+    device = next(adapter.model.parameters()).device
     synchronize(device)
     started = time.perf_counter()
-    result = audit(adapter, profile=profile, progress=progress, batch_cases=batch_cases)
+    result = audit(adapter, suites, profile=profile, progress=progress, batch_cases=batch_cases, examples=examples)
     synchronize(device)
     return time.perf_counter() - started, per_suite, result
 
@@ -209,15 +215,22 @@ def forward_cost(model: Any, repeats: int = 5) -> tuple[list[tuple[int, int, flo
     return timings, fixed, per_token
 
 
-def count(model: Any, profile: str) -> tuple[dict[tuple[str, str], collections.Counter], Any]:
+def count(
+    target: Any, profile: str, suites: list[str] | None = None, examples: int | None = None
+) -> tuple[dict[tuple[str, str], collections.Counter], Any]:
     """Forwards, rows and input tokens of one audit, by (suite, call path): what an audit
-    asks of the model, whatever the machine. Backward passes of the gradient checks are
-    counted as the forwards they follow (``grad``)."""
+    asks of the model, whatever the machine. ``target``: a model, an adapter or a spec
+    (``mutant:NAME``); ``examples`` replaces the profile's case count, as ``--examples``
+    does. Backward passes of the gradient checks are counted as the forwards they follow
+    (``grad``)."""
+    from maskcheck.harness.adapters.specs import load_adapter
     from maskcheck.harness.audits import runner
 
+    adapter = load_adapter(target) if isinstance(target, str) else adapter_for(target)
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     where = types.SimpleNamespace(suite=GATE, path="canonical")
-    kind, original_forward, original_run_one = type(model), type(model).forward, runner._run_one
+    kind, original_run_one = type(adapter.model), runner._run_one
+    original_forward = kind.forward
 
     @functools.wraps(original_forward)
     def counted_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -249,7 +262,7 @@ def count(model: Any, profile: str) -> tuple[dict[tuple[str, str], collections.C
     kind.forward = counted_forward  # type: ignore[method-assign]
     runner._run_one = run_one
     try:
-        _, _, result = run_audit(model, profile, where)
+        _, _, result = run_audit(adapter, profile, where, suites=suites, examples=examples)
     finally:
         kind.forward = original_forward  # type: ignore[method-assign]
         runner._run_one = original_run_one
@@ -462,14 +475,26 @@ def main() -> int:
         action="store_true",
         help="only count one audit's forwards and tokens by suite and call path (no timing; gpt2-narrow draws gpt2-small's cases)",
     )
+    parser.add_argument(
+        "--examples", type=int, metavar="N", help="with --count: cases a check draws instead of the profile's"
+    )
     args = parser.parse_args()
+    if args.examples is not None and (not args.count or args.examples < 1):
+        parser.error("--examples takes a positive count and goes with --count")
     torch.set_num_threads(args.threads)
     if args.count:
         for name in list(MODELS) if args.model == "both" else [args.model]:
             counts, result = count(
-                COUNTED[name]().to(device=args.device, dtype=getattr(torch, args.dtype)), args.profile
+                COUNTED[name]().to(device=args.device, dtype=getattr(torch, args.dtype)),
+                args.profile,
+                examples=args.examples,
             )
-            print_counts(name, args.profile, counts, result)
+            print_counts(
+                name,
+                args.profile if args.examples is None else f"{args.profile}, {args.examples} cases a check",
+                counts,
+                result,
+            )
         return 0
     if args.model == "gpt2-narrow":
         parser.error("gpt2-narrow is for --count: it has gpt2-small's cases, not its cost")
