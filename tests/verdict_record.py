@@ -119,6 +119,11 @@ def main() -> int:
     parser.add_argument(
         "--compare", action="store_true", help=f"audit every model of {RECORD.name} again; exit 1 if any differs"
     )
+    parser.add_argument(
+        "--statuses",
+        action="store_true",
+        help="with --compare: compare only each recorded check's status (before --write for a change that moves cases)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import torch
@@ -126,12 +131,24 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.compare:
         expected = json.loads(RECORD.read_text())
-        differing = [
-            label for label in sorted(expected) if recorded_part(record(label), expected[label]) != expected[label]
-        ]
-        for label in differing:
-            print(f"differs from the record: {label}")
-        print(f"{len(expected) - len(differing)} of {len(expected)} audits equal to the record")
+        differing = []
+        for label in sorted(expected):
+            fresh = recorded_part(record(label), expected[label])
+            if args.statuses:
+                moved = [
+                    f"{suite}/{name}: {entry['status']} -> {(fresh[suite][name] or {}).get('status', 'missing')}"
+                    for suite, checks in expected[label].items()
+                    for name, entry in checks.items()
+                    if (fresh[suite][name] or {}).get("status") != entry["status"]
+                ]
+                if moved:
+                    differing.append(label)
+                    print(f"statuses differ from the record: {label}: {'; '.join(moved)}", flush=True)
+            elif fresh != expected[label]:
+                differing.append(label)
+                print(f"differs from the record: {label}", flush=True)
+        what = "audits' statuses" if args.statuses else "audits"
+        print(f"{len(expected) - len(differing)} of {len(expected)} {what} equal to the record")
         return 1 if differing else 0
     recorded = {}
     for label in targets():
