@@ -178,3 +178,16 @@ def test_the_sweep_verdicts_hold_in_ci(model_type: str, task: str) -> None:
     assert verdicts == {name: data["status"] for name, data in record["suites"].items() if name in SWEEP_SUITES}, {
         s.name: s.worst_check().message[:200] for s in result.suites if s.status != record["suites"][s.name]["status"]
     }
+
+
+@pytest.mark.parametrize("model_type", ["ctrl", "xlnet"])
+def test_the_gradient_checks_measure_models_that_embed_in_place_or_sequence_first(model_type: str) -> None:
+    """CTRL multiplies its token embeddings in place, XLNet embeds its ids transposed
+    ([T, B]): the gradient checks hand the model a copy of the leaf they differentiate and
+    read the layout from the ids the embedding was given, so they measure both instead of
+    erring, and agree with the forward checks (XLNet's causal LM sees the future)."""
+    result = audit(HFAdapter(shrunk_model(model_type, "causal-lm")), ["causal", "padding"], profile="dev")
+    checks = {c.name: c for suite in result.suites for c in suite.checks}
+    assert checks["padded_gradients"].status == "pass", checks["padded_gradients"].message
+    assert checks["future_gradients"].status == checks["future_tokens"].status, checks["future_gradients"].message
+    assert checks["future_tokens"].status == ("fail" if model_type == "xlnet" else "pass")

@@ -430,14 +430,27 @@ class Adapter(abc.ABC):
             )
         self._check_eval()
         ids = batch.predicted_ids
-        captured: list[Tensor] = []
+        captured: list[tuple[Tensor, bool]] = []  # (leaf, whether the embedding was given the ids [T, B])
 
-        def keep(_module: Any, _inputs: Any, output: Any) -> Any:
+        def keep(_module: Any, inputs: Any, output: Any) -> Any:
             if not isinstance(output, Tensor):
                 return output
             leaf = output.detach().requires_grad_(True)
-            captured.append(leaf)
-            return leaf
+            given = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
+            # Seq-first models (XLNet) transpose the ids before embedding them: measured
+            # on the ids the embedding was given, not guessed from shapes.
+            seq_first = (
+                given is not None
+                and ids.dim() == 2
+                and tuple(given.shape) == tuple(ids.shape[::-1])
+                and bool(torch.equal(given.to(ids.device), ids.t()))
+                and not torch.equal(given.to(ids.device), ids)
+            )
+            captured.append((leaf, seq_first))
+            # A copy, not the leaf: a model may scale its embeddings in place (CTRL's
+            # ``inputs_embeds *= sqrt(d)``), which autograd refuses on a leaf; the gradient
+            # at the leaf is the copy's.
+            return leaf.clone()
 
         handle = embedding.register_forward_hook(keep)
         try:
@@ -445,7 +458,11 @@ class Adapter(abc.ABC):
                 logits = check_logits(
                     self._logits(trainable_copy(batch)), ids.shape[0], ids.shape[1], self.capabilities.vocab_size
                 )
-                leaves = [leaf for leaf in captured if tuple(leaf.shape[:2]) == tuple(ids.shape)]
+                leaves = [
+                    (leaf, seq_first)
+                    for leaf, seq_first in captured
+                    if tuple(leaf.shape[:2]) == (tuple(ids.shape[::-1]) if seq_first else tuple(ids.shape))
+                ]
                 if not leaves:
                     raise AdapterError(
                         f"the embedding module returned no [B, T, D] output for the {list(ids.shape)} ids it was given"
@@ -456,12 +473,14 @@ class Adapter(abc.ABC):
                 # Indexed, not weighted: 0 x NaN at an excluded position (a fully masked row) is NaN.
                 selected = logits[outputs.to(device=logits.device, dtype=torch.bool).clone()].double()  # [N, V]
                 objective = (torch.log_softmax(selected, -1) @ direction).sum()
-                (gradient,) = torch.autograd.grad(objective, leaves[-1], allow_unused=True)
+                leaf, seq_first = leaves[-1]
+                (gradient,) = torch.autograd.grad(objective, leaf, allow_unused=True)
         finally:
             handle.remove()
         if gradient is None:
             return torch.zeros(ids.shape, dtype=torch.float64), logits.detach()
-        return gradient.detach().double().norm(dim=-1).cpu(), logits.detach()  # [B, T]
+        norms = gradient.detach().double().norm(dim=-1).cpu()  # [B, T], or [T, B] seq-first
+        return (norms.t() if seq_first else norms), logits.detach()
 
     def on_path(self, path: CallPath) -> "Adapter":
         """This adapter calling its model on ``path``: a shallow copy sharing the model, the
