@@ -74,9 +74,13 @@ def _future_case(
     lengths: st.SearchStrategy[int],
     source_lengths: st.SearchStrategy[int],
     paddings: st.SearchStrategy[int],
+    short: int,
 ) -> FutureCase:
     length = draw(lengths)
-    cut = draw(_zero_to(length - 2))
+    if length > short:  # a long row: its cut lies in the positions only long rows have
+        cut = length - 2 - draw(_zero_to(min(short, length - 2)))
+    else:
+        cut = draw(_zero_to(length - 2))
     return FutureCase(
         batch=draw(_BATCHES),
         length=length,
@@ -95,10 +99,12 @@ def future_cases(
 ) -> st.SearchStrategy[FutureCase]:
     """Only encoder-decoders draw a source length (the others keep the minimal 1); only
     models that take a mask draw padded rows (the rest keep 0 pad slots). Rows are up to
-    ``max_length`` tokens, or up to ``longest`` in about half the cases."""
+    ``max_length`` tokens, or up to ``longest`` in the first case of an example
+    (harness/engine/strategies.py, ``short_or_long``); a long row's cut is within its last
+    ``max_length`` positions, which no short row has, and shrinks toward its end."""
     source_lengths = st.integers(1, max_length) if encoder_decoder else st.just(1)
     paddings = st.integers(0, 3) if takes_mask else st.just(0)
-    return _future_case(short_or_long(2, max_length, longest), source_lengths, paddings)
+    return _future_case(short_or_long(2, max_length, longest), source_lengths, paddings, max(2, max_length))
 
 
 def model_length(capabilities: Capabilities, cap: int) -> int:

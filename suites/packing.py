@@ -61,8 +61,9 @@ class PackedCase:
 
 
 def packed_cases(capabilities: Capabilities, profile: str = "dev") -> st.SearchStrategy[PackedCase]:
-    """Two or three packed sequences of up to MAX_SEGMENT tokens, or (in about half the
-    draws) up to a third of the profile's length cap, within the model's context."""
+    """Two or three packed sequences of up to MAX_SEGMENT tokens; in the first case of an
+    example one is up to a third of the profile's length cap, within the model's context
+    (harness/engine/strategies.py, ``short_or_long``)."""
     room = length_cap(profile, capabilities.max_length or 64) - 2  # the padded slots
     longest = max(1, min(MAX_SEGMENT, room // 3))
     return case_strategy(

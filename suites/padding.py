@@ -66,7 +66,8 @@ class CompositionCase:
 
 
 def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None) -> st.SearchStrategy[PaddedCase]:
-    """Up to three rows of up to ``max_length`` real tokens, or up to ``longest`` in about half the draws."""
+    """Up to three rows of up to ``max_length`` real tokens; one of up to ``longest`` in the
+    first case of an example (harness/engine/strategies.py, ``short_or_long``)."""
     return case_strategy(
         PaddedCase,
         lengths=st.lists(short_or_long(1, max_length, longest), min_size=1, max_size=3),

@@ -155,6 +155,35 @@ def test_the_simplest_example_holds_the_minimal_case_alone_and_the_others_are_fu
     assert [len(example) for example in examples[1:]] == [10] * 5
 
 
+def drawn_as_ci_draws(seed: int) -> list[tuple]:
+    """The examples a check of twenty cases draws: the minimal case, then two examples of ten."""
+    from hypothesis import Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from maskcheck.harness.engine.suite import example_strategy
+
+    examples: list[tuple] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=3, database=None, phases=[Phase.generate])
+    @given(example_strategy(padded_cases(12, longest=200), 10))
+    def record(example: tuple) -> None:
+        examples.append(example)
+
+    record()
+    return examples
+
+
+def test_every_random_example_reaches_one_long_length_in_its_first_case_and_no_other() -> None:
+    """Long rows cost their tokens: one per example sees past the short range, the rest stay short."""
+    for seed in range(10):
+        examples = drawn_as_ci_draws(seed)
+        assert len(examples) == 3 and max(examples[0][0].lengths) <= 12  # the minimal case
+        for first, *others in examples[1:]:
+            assert max(first.lengths) > 12 and sorted(first.lengths)[-2:-1] <= [12], (seed, first)
+            assert all(max(case.lengths) <= 12 for case in others), (seed, others)
+
+
 def test_a_spent_shrink_budget_reports_the_smallest_failing_case_found_by_then() -> None:
     """Shrinking stops once the budget is spent: the check still fails, on a case no larger
     than the first failure, and says why it may not be minimal."""

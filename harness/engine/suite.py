@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ..adapters.base import Adapter, AdapterError, Capabilities
 from .batching import run_alone, run_together
 from .profiles import profile_settings, without_local_constants
+from .strategies import reaching
 from .tolerance import Tolerance
 from .verdict import SEVERITY, CheckResult
 
@@ -225,16 +226,21 @@ _MARK = st.integers(0, 2**16)
 def _example(draw: st.DrawFn, case: st.SearchStrategy[Any], size: int) -> tuple:
     if draw(_MARK) == 0 and draw(_MARK) == 0:
         return (draw(case),)
-    return tuple(draw(case) for _ in range(size))
+    cases = []
+    for index in range(size):
+        with reaching(index == 0):  # the first case takes one long length (harness/engine/strategies.py)
+            cases.append(draw(case))
+    return tuple(cases)
 
 
 def example_strategy(case: st.SearchStrategy[Any], size: int) -> st.SearchStrategy[tuple]:
-    """``size`` cases per Hypothesis example, except in the simplest example, which holds
-    only the minimal case. A fixed-size example would hold ``size`` copies of it there,
-    whose drawing costs as much as random cases (a sixth of an audit's Hypothesis time)
-    while the memo answers all but one. The shrinker may take a failing example there
-    when its first case is the one that fails, which only makes the report shorter. One
-    case per example needs no mark: the simplest example is the minimal case anyway."""
+    """``size`` cases per Hypothesis example, the first of them reaching past the short
+    lengths, except in the simplest example, which holds only the minimal case. A
+    fixed-size example would hold ``size`` copies of it there, whose drawing costs as
+    much as random cases (a sixth of an audit's Hypothesis time) while the memo answers
+    all but one. The shrinker may take a failing example there when its first case is the
+    one that fails, which only makes the report shorter. One case per example needs no
+    mark: the simplest example is the minimal case anyway."""
     return _example(case, size) if size > 1 else st.tuples(case)
 
 
