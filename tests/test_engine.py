@@ -229,3 +229,18 @@ def test_the_cases_a_seed_draws_do_not_depend_on_the_local_modules_the_process_i
     from hypothesis.internal.conjecture import providers
 
     assert providers._get_local_constants.__name__ == "_get_local_constants"  # the host's own draws keep their pool
+
+
+def test_the_other_paths_replay_the_longest_case_then_the_richest_cheapest_case_of_each_other_kind() -> None:
+    """One long row tests every earlier position on a path; the other padding side is
+    replayed on its case with the most rows, not on another long one."""
+    from maskcheck.harness.engine.suite import informative_cases
+
+    longest = PaddedCase(lengths=(200,), extra=1, side="right", seed=0)
+    rich_left = PaddedCase(lengths=(3, 5, 2), extra=1, side="left", seed=0)
+    rich_long_left = PaddedCase(lengths=(150, 9, 4), extra=2, side="left", seed=0)
+    rich_right = PaddedCase(lengths=(2, 4, 1), extra=3, side="right", seed=0)
+    cases = [PaddedCase(lengths=(1,), extra=1, side="left", seed=0), rich_long_left, longest, rich_left, rich_right]
+    assert informative_cases(cases, 2) == [longest, rich_left]
+    assert informative_cases(cases, 3) == [longest, rich_left, rich_right]
+    assert informative_cases(cases, 0) == [] and informative_cases([], 2) == []

@@ -416,7 +416,9 @@ class PathChecks:
 
     Each path's checks are planned once, by the suite itself, on the adapter that calls the
     model that way, and each check runs there on ``context.path_examples`` of the cases its
-    canonical run evaluated, the largest of each kind (a failure there is shrunk on the path). A check's result is its canonical one while every path passes; a path that fails
+    canonical run evaluated, chosen by ``engine.suite.informative_cases`` (the longest case,
+    then the richest, cheapest case of each other kind; a failure there is shrunk on the
+    path). A check's result is its canonical one while every path passes; a path that fails
     (or warns, or errs, worse than the canonical result) gives the result, its message
     naming the path. Every path appears in the result's ``paths``, one that cannot run with
     its reason."""

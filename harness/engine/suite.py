@@ -282,10 +282,14 @@ def replay_first(check: Check, context: RunContext, cases: list) -> tuple[CheckR
 
 
 def informative_cases(cases: list, count: int) -> list:
-    """Up to ``count`` of a check's evaluated ``cases`` that exercise it most: the largest
-    case (by the sum of its integer fields: rows, lengths, padding) of each combination of
-    its text fields (the padding side ...), largest first, then the next largest. A bug on
-    one call path shows in the cases where the path changes most."""
+    """Up to ``count`` of a check's evaluated ``cases`` that exercise it most for their cost.
+
+    First the largest case (by the sum of its integer fields: rows, lengths, padding): it
+    holds the longest row, and one forward at length L tests every earlier position. Then,
+    for each other combination of the case's text fields (the padding side ...), the case
+    with the most items in its list fields (rows, segments, chunks), the cheapest of those:
+    a bug on one call path shows where the path changes the batch, and the length is
+    already tested. Then the same order again, until ``count``."""
     if count <= 0 or not cases:
         return []
 
@@ -293,15 +297,18 @@ def informative_cases(cases: list, count: int) -> list:
         values = case_to_dict(case).items()
         return sum(_integers(value) for name, value in values if name != "seed")
 
+    def items(case: Any) -> int:
+        return sum(len(value) for value in case_to_dict(case).values() if isinstance(value, (list, tuple)))
+
     def kind(case: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in case_to_dict(case).items() if isinstance(v, str)))
 
-    ranked = sorted(cases, key=size, reverse=True)
-    chosen: list = []
-    for case in ranked:  # the largest of each kind
+    chosen = [max(cases, key=size)]
+    structured = sorted(cases, key=lambda case: (-items(case), size(case)))
+    for case in structured:  # the richest, cheapest case of each other kind
         if len(chosen) < count and all(kind(case) != kind(other) for other in chosen):
             chosen.append(case)
-    for case in ranked:  # then the largest left
+    for case in structured:  # then the richest left
         if len(chosen) < count and case not in chosen:
             chosen.append(case)
     return chosen
