@@ -194,7 +194,7 @@ def test_profiles_are_registered_with_hypothesis() -> None:
 
     assert settings.get_profile("maskcheck-dev").max_examples == 8
     ci = settings.get_profile("maskcheck-ci")
-    assert ci.max_examples == 20 and ci.print_blob and ci.deadline is None and ci.database is None
+    assert ci.max_examples == 10 and ci.print_blob and ci.deadline is None and ci.database is None
     assert settings.get_profile("maskcheck-thorough").max_examples == 200
     assert set(HealthCheck) <= set(ci.suppress_health_check)
 

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--profile",
         choices=["dev", "ci", "thorough"],
-        help="dev: 8 cases per check, ci: 20, thorough: 200 (default: dev)",
+        help="dev: 8 cases per check, ci: 10, thorough: 200 (default: dev)",
     )
     audit.add_argument(
         "--paths",

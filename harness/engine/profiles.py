@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Verbosity, settings
 
 PROFILES: dict[str, settings] = {
     "dev": settings(max_examples=8, print_blob=False),
-    "ci": settings(max_examples=20, print_blob=True),
+    "ci": settings(max_examples=10, print_blob=True),
     "thorough": settings(max_examples=200, print_blob=True),
 }
 COMMON = {
