@@ -426,6 +426,7 @@ class PathChecks:
     def __init__(self, suite: Any, adapter: Adapter, context: RunContext) -> None:
         self.suite, self.adapter = suite, adapter
         self.context = replace(context, examples=context.path_examples, decided={}, drawn={})
+        self.canonical_examples = context.examples  # what a path's failure may draw to be shrunk
         calls, twin = bool(getattr(suite, "call_paths", False)), bool(getattr(suite, "float32_twin", False))
         chosen = (
             [a for a in adapter.paths() if context.paths is None or a.path.name in context.paths]
@@ -490,7 +491,14 @@ class PathChecks:
             else:
                 before = result.cases
                 outcome = _run_one(
-                    planned[check.name], self.context_on(path), result, failures, self.suite.name, path.name, replayed
+                    planned[check.name],
+                    self.context_on(path),
+                    result,
+                    failures,
+                    self.suite.name,
+                    path.name,
+                    replayed,
+                    shrink_examples=self.canonical_examples,
                 )
                 ran = result.cases - before
             canonical.paths.append({"path": path.name, "status": outcome.status, "cases": ran})
@@ -511,15 +519,17 @@ def _run_one(
     path: str = CANONICAL.name,
     replayed: list | None = None,
     evaluated: list | None = None,
+    shrink_examples: int | None = None,
 ) -> CheckResult:
     """Run ``check`` (on ``replayed`` cases first, when given) and add its cases and failure
-    to ``result`` and ``failures``; ``evaluated`` receives the distinct cases it evaluated."""
+    to ``result`` and ``failures``; ``evaluated`` receives the distinct cases it evaluated.
+    ``shrink_examples``: the cases a search may draw to shrink a replayed case's failure."""
     try:
         decided = context.decided.get((suite, check.name))
         if decided is not None:
             check_result, cases, failure = decided
         elif replayed:
-            check_result, cases, failure = replay_first(check, context, replayed)
+            check_result, cases, failure = replay_first(check, context, replayed, shrink_examples)
         else:
             check_result, cases, failure, seen = run_check_keeping_cases(check, context)
             if evaluated is not None:

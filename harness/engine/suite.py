@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -273,12 +273,26 @@ def run_check_keeping_cases(check: Check, context: RunContext) -> tuple[CheckRes
     return (*run.run(), list(run.memo))
 
 
-def replay_first(check: Check, context: RunContext, cases: list) -> tuple[CheckResult, int, CaseFailed | None]:
+def replay_first(
+    check: Check, context: RunContext, cases: list, shrink_examples: int | None = None
+) -> tuple[CheckResult, int, CaseFailed | None]:
     """:func:`run_check` on ``cases`` instead of drawn ones: they are evaluated in plain
-    Python, and one that fails is shrunk by Hypothesis as a replayed case is (:class:`CheckRun`)."""
+    Python, and one that fails is shrunk by Hypothesis as a replayed case is (:class:`CheckRun`).
+
+    Hypothesis shrinks only what its own search finds, and a search of ``context.examples``
+    cases (a call path's share) may miss a failure a replayed case showed; then, with
+    ``shrink_examples`` larger, the check searches again with that many (the canonical
+    run's count, which drew the replayed cases), so the failure is reported shrunk."""
     run = CheckRun(check, context)
     context.drawn[(id(check.strategy), run.examples, run.per_example)] = DrawnCases(check.strategy, [list(cases)])
-    return run.run()
+    result, evaluated, failure = run.run()
+    if failure is not None and run.unshrunk and shrink_examples and shrink_examples > context.examples:
+        wider = CheckRun(check, replace(context, examples=shrink_examples))
+        shrunk, more, found = wider.run()
+        if found is not None and not wider.unshrunk:
+            return shrunk, evaluated + more, found
+        evaluated += more
+    return result, evaluated, failure
 
 
 def informative_cases(cases: list, count: int) -> list:
@@ -346,6 +360,7 @@ class CheckRun:
         self.examples, self.per_example = split_examples(context.examples, check.max_examples)
         self.planned = (self.examples - 1) * self.per_example + 1  # the first example is the minimal case alone
         self.generated: list[list[Any]] = []
+        self.unshrunk = False  # a replayed failure Hypothesis's search did not find again
 
     def run(self) -> tuple[CheckResult, int, CaseFailed | None]:
         key = (id(self.check.strategy), self.examples, self.per_example)
@@ -375,6 +390,7 @@ class CheckRun:
             reason = f"the suite's time limit (--timeout) was reached after {self.evaluated} case(s)"
             return CheckResult(self.check.name, "not_run", reason), self.evaluated, None
         if replayed is not None:  # Hypothesis drew other examples this time: report the case unshrunk
+            self.unshrunk = True
             return _failed(self.check, replayed), self.evaluated, replayed
         return self.verdict(), self.evaluated, None
 
