@@ -61,15 +61,33 @@ def gpt2_small() -> Any:
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 
 
+def gpt2_shape(width: int, layers: int, heads: int, positions: int = 1024) -> Any:
+    """A random-init GPT-2 with GPT-2's vocabulary, ``positions`` of context and the given size."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        n_embd=width,
+        n_layer=layers,
+        n_head=heads,
+        n_positions=positions,
+    )
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
 def gpt2_narrow() -> Any:
     """GPT-2 with the 124M shape's vocabulary and context but 64 wide and one layer: the
     audit draws the cases it draws on gpt2-small (their lengths follow the context) at a
     fiftieth of the compute, for counting forwards and tokens (``--count``)."""
-    from transformers import AutoModelForCausalLM, GPT2Config
+    return gpt2_shape(64, 1, 4)
 
-    torch.manual_seed(0)
-    config = GPT2Config(bos_token_id=1, eos_token_id=2, pad_token_id=0, n_embd=64, n_layer=1, n_head=4)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+#: the sizes ``--scaling`` sets side by side: (name, width, layers, heads)
+GPT2_SIZES = (("gpt2-small (124M)", 768, 12, 12), ("gpt2-medium (350M)", 1024, 24, 16))
+SCALING_CONTEXTS = (128, 256, 1024, 2048)
 
 
 def tiny_reference() -> Any:
@@ -295,6 +313,29 @@ def print_counts(name: str, profile: str, counts: dict[tuple[str, str], collecti
     )
 
 
+def scaling(profile: str) -> None:
+    """What the audit asks of a GPT-2 against its context length (counted on the narrow shape
+    with that many positions), and what it costs against model size: each size's forward
+    cost fitted on this machine, times the forwards and tokens counted. An estimate from
+    the fit, not a timed audit: it shows how the cost grows."""
+    counted = {}
+    print(f"profile {profile}: forwards and input tokens against the context length (GPT-2 vocabulary)")
+    for positions in SCALING_CONTEXTS:
+        tallies, _ = count(gpt2_shape(64, 1, 4, positions), profile)
+        total = sum(tallies.values(), collections.Counter())
+        counted[positions] = total
+        print(f"  context {positions:>5}: {total['forwards']:>6} forwards {total['tokens']:>8} tokens", flush=True)
+    total = counted[1024]
+    print(f"\nthe same audit against model size at context 1024, {torch.get_num_threads()} thread(s):")
+    print(f"  {'model':<20} {'parameters':>11} {'ms a forward':>13} {'ms a token':>11} {'estimated s':>12}")
+    for name, width, layers, heads in GPT2_SIZES:
+        model = gpt2_shape(width, layers, heads)
+        _, fixed, per_token = forward_cost(model, repeats=2)
+        seconds = fixed * total["forwards"] + per_token * total["tokens"]
+        parameters = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"  {name:<20} {parameters:>10.0f}M {1000 * fixed:>13.1f} {1000 * per_token:>11.2f} {seconds:>12.0f}")
+
+
 def peer_module() -> str:
     """A module defining ``gpt2_small`` for the peer's zero-code run: the same factory as ours."""
     return "from typing import Any\n\nimport torch\n\n\n" + inspect.getsource(gpt2_small)
@@ -334,9 +375,11 @@ def peer_run(python: str, threads: int) -> tuple[float, float, str]:
 
 def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str, Any]:
     """The audit of gpt2-small and the peer's zero-code run on the same model, alternating,
-    ``repeats`` times each after one warm-up audit: medians, and the audit's verdicts."""
+    ``repeats`` times each after warm-up forwards: medians, and the audit's verdicts."""
     model = gpt2_small()
-    run_audit(model, profile)  # warm-up: first calls allocate and pick kernels
+    with torch.inference_mode():  # warm-up: first calls allocate and pick kernels
+        for rows, length in ((1, 8), (3, 64), (2, 256)):
+            model(input_ids=torch.randint(3, 1000, (rows, length), generator=torch.Generator().manual_seed(0)))
     audits, peers = [], []
     for _ in range(repeats):
         peers.append(peer_run(peer, threads))
@@ -427,6 +470,59 @@ def measure(
     }
 
 
+def print_measured(name: str, r: dict[str, Any], args: argparse.Namespace) -> None:
+    """One model's line of the overhead benchmark: per suite, the ratio, and what ran beside it."""
+    where = (
+        f"{args.device} {args.dtype}"
+        if (args.device, args.dtype) != ("cpu", "float32")
+        else f"{args.threads} thread(s)"
+    )
+    print(
+        f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}"
+    )
+    print(f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}")
+    for suite, row in r["per_suite"].items():
+        per_case = f"{row['forwards'] / row['cases']:.2f}" if row["cases"] else "-"
+        print(
+            f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}"
+        )
+    print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
+    print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
+    print(f"  batching {r['batching']}")
+    if r["unbatched"]:
+        print(
+            f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time"
+        )
+    if r["peer"]:
+        p = r["peer"]
+        print(
+            f"  pytest-torch zero-code run on the same model: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
+        )
+        print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
+    if r["breakdown"]:
+        print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'the rest':>9}")
+        for suite, seconds in r["breakdown"].items():
+            print(f"  {suite:<16} " + " ".join(f"{1000 * x:>9.1f}" for x in seconds))
+        totals = [1000 * sum(column) for column in zip(*r["breakdown"].values())]
+        print(f"  {'all':<16} " + " ".join(f"{x:>9.1f}" for x in totals))
+
+
+def print_versus_peer(args: argparse.Namespace) -> None:
+    """``--peer-only``: the audit and the peer's zero-code run of gpt2-small, alternating."""
+    r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
+    p = r["peer"]
+    print(
+        f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, alternating"
+    )
+    print(
+        f"  maskcheck audit: {r['audit']:.2f}s ({', '.join(f'{k}={v}' for k, v in r['verdicts'].items())}); batching {r['batching']}"
+    )
+    print(
+        f"  pytest-torch zero-code run: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
+    )
+    print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="both", choices=[*COUNTED, "both"])
@@ -478,10 +574,18 @@ def main() -> int:
     parser.add_argument(
         "--examples", type=int, metavar="N", help="with --count: cases a check draws instead of the profile's"
     )
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="only count the audit against context length and estimate its cost against model size (fitted forward cost x counts)",
+    )
     args = parser.parse_args()
     if args.examples is not None and (not args.count or args.examples < 1):
         parser.error("--examples takes a positive count and goes with --count")
     torch.set_num_threads(args.threads)
+    if args.scaling:
+        scaling(args.profile)
+        return 0
     if args.count:
         for name in list(MODELS) if args.model == "both" else [args.model]:
             counts, result = count(
@@ -498,21 +602,15 @@ def main() -> int:
         return 0
     if args.model == "gpt2-narrow":
         parser.error("gpt2-narrow is for --count: it has gpt2-small's cases, not its cost")
+    if args.peer:
+        # the peer runs in a folder of its own: a relative path must not change meaning there
+        args.peer = os.path.abspath(args.peer)
+        if not os.access(args.peer, os.X_OK):
+            parser.error(f"--peer {args.peer}: no such python (benchmarks/setup_peer.sh makes one)")
     if args.peer_only:
         if not args.peer:
             parser.error("--peer-only needs --peer PYTHON")
-        r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
-        p = r["peer"]
-        print(
-            f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, alternating"
-        )
-        print(
-            f"  maskcheck audit: {r['audit']:.2f}s ({', '.join(f'{k}={v}' for k, v in r['verdicts'].items())}); batching {r['batching']}"
-        )
-        print(
-            f"  pytest-torch zero-code run: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
-        )
-        print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
+        print_versus_peer(args)
         return 0
     if args.forward_cost:
         model = gpt2_small().to(device=args.device, dtype=getattr(torch, args.dtype))
@@ -539,43 +637,7 @@ def main() -> int:
             args.threads,
             args.unbatched,
         )
-        where = (
-            f"{args.device} {args.dtype}"
-            if (args.device, args.dtype) != ("cpu", "float32")
-            else f"{args.threads} thread(s)"
-        )
-        print(
-            f"\n{name} ({r['parameters'] / 1e6:.1f}M parameters), profile {args.profile}, torch {torch.__version__}, {where}"
-        )
-        print(
-            f"  {'suite':<16} {'status':<15} {'cases':>6} {'forwards':>9} {'per case':>9} {'audit s':>8} {'bare s':>8}"
-        )
-        for suite, row in r["per_suite"].items():
-            per_case = f"{row['forwards'] / row['cases']:.2f}" if row["cases"] else "-"
-            print(
-                f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}"
-            )
-        print(
-            f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s"
-        )
-        print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
-        print(f"  batching {r['batching']}")
-        if r["unbatched"]:
-            print(
-                f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time"
-            )
-        if r["peer"]:
-            p = r["peer"]
-            print(
-                f"  pytest-torch zero-code run on the same model: {p['reported']:.2f}s as pytest reports it ({p['wall']:.2f}s with its process); {p['summary']}"
-            )
-            print(f"  maskcheck audit / pytest-torch run = {r['audit'] / p['reported']:.2f}  (target < 1)")
-        if r["breakdown"]:
-            print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'the rest':>9}")
-            for suite, seconds in r["breakdown"].items():
-                print(f"  {suite:<16} " + " ".join(f"{1000 * x:>9.1f}" for x in seconds))
-            totals = [1000 * sum(column) for column in zip(*r["breakdown"].values())]
-            print(f"  {'all':<16} " + " ".join(f"{x:>9.1f}" for x in totals))
+        print_measured(name, r, args)
         ok &= r["ratio"] <= 1.3
     return 0 if ok else 1
 

@@ -208,3 +208,22 @@ def test_the_cases_needed_benchmark_finds_the_fewest_cases_that_catch_a_seeded_b
     first, forwards, tokens, _ = needed("causal_sees_next_token", "dev", [1, 2])
     assert (first, runner._run_one) == (1, run_one) and forwards > 0 and tokens > 0
     assert needed("causal_leaks_past_length", "dev", [1, 2])[0] == 2
+
+
+def test_the_scaling_benchmark_counts_each_context_and_estimates_each_size(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--scaling``: a longer context draws longer cases up to the profile's cap, and each
+    model size gets the counted audit priced by its own fitted forward cost."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import audit_overhead
+
+    monkeypatch.setattr(audit_overhead, "SCALING_CONTEXTS", (16, 1024))
+    monkeypatch.setattr(audit_overhead, "GPT2_SIZES", (("narrow", 64, 1, 4),))
+    monkeypatch.setattr(audit_overhead, "forward_cost", lambda model, repeats: ([], 0.01, 0.001))
+    audit_overhead.scaling("dev")
+    lines = capsys.readouterr().out.splitlines()
+    short, long = (line for line in lines if line.strip().startswith("context"))
+    assert int(short.split()[-2]) < int(long.split()[-2])  # tokens
+    estimate = next(line for line in lines if line.strip().startswith("narrow"))
+    assert float(estimate.split()[-1]) > 0
