@@ -88,9 +88,9 @@ def short_or_long(low: int, short: int, longest: int | None) -> st.SearchStrateg
     tests every earlier position at once, so a mask wrong only in long sequences is seen
     in every example, while the other cases stay short (a long case costs its tokens).
     The shrinker can take the long length back to the short range, so a failure that
-    holds in a short sequence is reported short. Drawn outside an example of several cases (a check of
-    one case per example), a length is long in about one draw in four and shrinks to the
-    short range first. ``longest`` None or at most ``short``: short only."""
+    holds in a short sequence is reported short. Drawn outside an example of several
+    cases (a check of one case per example), a length is long in about one draw in four
+    and shrinks to the short range first. ``longest`` None or at most ``short``: short only."""
     if longest is None:
         return st.integers(low, max(low, short))
     short = max(low, min(short, longest))
