@@ -36,6 +36,7 @@ from audit_overhead import count  # noqa: E402  (this folder is on sys.path when
 from maskcheck.reference_models.mutants import MUTANTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.test_architectures: the sweep's CI subset and its records
 
 
 def needed(name: str, profile: str, counts: list[int]) -> tuple[int | None, int, int, float]:
@@ -63,8 +64,6 @@ def sweep_needed(model_type: str, task: str, profile: str, counts: list[int]) ->
     from maskcheck.harness.engine.profiles import examples_of
     from maskcheck.harness.engine.registry import suite_names
     from maskcheck.reference_models.hf_tiny import shrunk_model
-
-    sys.path.insert(0, str(ROOT))
     from tests.test_architectures import recorded
 
     suites = suite_names(lambda suite: suite.in_sweep)
@@ -80,7 +79,6 @@ def sweep_needed(model_type: str, task: str, profile: str, counts: list[int]) ->
 
 
 def sweep_main(profile: str, counts: list[int], only: list[str]) -> int:
-    sys.path.insert(0, str(ROOT))
     from tests.test_architectures import SUBSET
 
     types = [tuple(getattr(entry, "values", entry)) for entry in SUBSET]
@@ -124,19 +122,19 @@ def main() -> int:
     print(f"  {'seeded bug':<40} {'suite/check':<36} {'needs':>5} {'forwards':>8} {'tokens':>7} {'s':>6}")
     for name in names:
         mutant = MUTANTS[name]
-        count, forwards, tokens, seconds = needed(name, args.profile, counts)
-        if count is None:
+        needs, forwards, tokens, seconds = needed(name, args.profile, counts)
+        if needs is None:
             missed.append(name)
         else:
-            largest[mutant.suite] = max(largest[mutant.suite], count)
-        shown, check = "MISSED" if count is None else str(count), f"{mutant.suite}/{mutant.check}"
+            largest[mutant.suite] = max(largest[mutant.suite], needs)
+        shown, check = "MISSED" if needs is None else str(needs), f"{mutant.suite}/{mutant.check}"
         print(
             f"  {name:<40} {check:<36} {shown:>5} {forwards:>8} {tokens:>7} {seconds:>6.1f}",
             flush=True,
         )
     print("\nthe most cases a seeded bug of each suite needed:")
-    for suite, count in sorted(largest.items()):
-        print(f"  {suite:<16} {count}")
+    for suite, needs in sorted(largest.items()):
+        print(f"  {suite:<16} {needs}")
     if missed:
         print(f"missed at every count: {', '.join(missed)}")
     return 1 if missed else 0

@@ -436,16 +436,11 @@ class Adapter(abc.ABC):
             if not isinstance(output, Tensor):
                 return output
             leaf = output.detach().requires_grad_(True)
-            given = inputs[0] if inputs and isinstance(inputs[0], Tensor) else None
+            given = inputs[0].to(ids.device) if inputs and isinstance(inputs[0], Tensor) else None
             # Seq-first models (XLNet) transpose the ids before embedding them: measured
-            # on the ids the embedding was given, not guessed from shapes.
-            seq_first = (
-                given is not None
-                and ids.dim() == 2
-                and tuple(given.shape) == tuple(ids.shape[::-1])
-                and bool(torch.equal(given.to(ids.device), ids.t()))
-                and not torch.equal(given.to(ids.device), ids)
-            )
+            # on the ids the embedding was given, not guessed from shapes (torch.equal is
+            # False for tensors of other shapes).
+            seq_first = given is not None and torch.equal(given, ids.t()) and not torch.equal(given, ids)
             captured.append((leaf, seq_first))
             # A copy, not the leaf: a model may scale its embeddings in place (CTRL's
             # ``inputs_embeds *= sqrt(d)``), which autograd refuses on a leaf; the gradient

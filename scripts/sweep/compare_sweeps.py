@@ -12,16 +12,12 @@ NEW.jsonl``, with ``--types`` for the types whose verdicts are at stake), then t
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+# this folder is on the path of every script run from it
+from render_architectures import latest
+
 DEFAULT = Path(__file__).resolve().parents[2] / "docs" / "architectures.jsonl"
-
-
-def audits(path: Path) -> dict[tuple[str, str, str], dict]:
-    """(type, task, implementation) -> the last record of that audit in ``path``."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["type"], r["task"], r["implementation"]): r for r in records}
 
 
 def differences(new: dict, old: dict) -> list[str]:
@@ -47,7 +43,7 @@ def main() -> int:
     for path in (args.new, args.against):
         if not path.is_file():
             parser.error(f"no such file: {path}")
-    new, old = audits(args.new), audits(args.against)
+    new, old = latest(args.new), latest(args.against)
     shared = [key for key in new if key in old]
     changed = 0
     for key in shared:
