@@ -130,6 +130,24 @@ def test_lockstep_gives_each_evaluation_its_own_logits_in_fewer_forwards(decoder
             torch.testing.assert_close(stacked, one, atol=STACKED_ATOL, rtol=0)
 
 
+def test_each_case_logs_the_calls_another_path_would_change_though_its_rows_are_stacked(decoder: Any) -> None:
+    """The stacked forward is nobody's call: each request is noted for its own case, as it
+    asked, so a case's log says which paths would call the model otherwise for it."""
+    from maskcheck.harness.adapters.paths import CallLog
+
+    row = ids((1, 4), seed=3)
+    both_padded = [padded(decoder, (2, 4), 5, "left"), padded(decoder, (3,), 5, "left")]
+    padded_and_bare = [padded(decoder, (1, 3), 5, "left"), Batch(row)]
+    ones = Batch(row, torch.ones_like(row), torch.arange(4)[None])
+    padded_and_ones = [padded(decoder, (4,), 5, "left"), ones]
+    logs = [CallLog(), CallLog(), CallLog()]
+    run_together([evaluation(decoder, p) for p in (both_padded, padded_and_bare, padded_and_ones)], logs=logs)
+    every_call = {"default_cache", "training", "float32_twin"}  # a mode, a cache setting, other weights
+    assert logs[0].changed == every_call  # padded rows keep their mask on every path
+    assert logs[1].changed == every_call | {"mask_of_ones"}  # a call without a mask is already bare
+    assert logs[2].changed == every_call | {"bare_call"}  # a mask of ones already is one
+
+
 def test_one_case_that_raises_leaves_the_others_their_outcomes(decoder: Any) -> None:
     class Broken:
         capabilities = decoder.capabilities

@@ -16,7 +16,7 @@ import torch
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.harness.adapters.paths import BARE_CALL, MASK_OF_ONES, TRAINING, training_forward
+from maskcheck.harness.adapters.paths import BARE_CALL, MASK_OF_ONES, PATHS, TRAINING, training_forward
 from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.mutants import MUTANTS, build, build_clean
@@ -132,6 +132,36 @@ def test_bare_and_mask_of_ones_change_only_plain_batches() -> None:
     packed = Batch(ids, None, torch.tensor([[0, 1, 0, 1]]))  # positions restarting: packed, not plain
     assert on_path(packed, MASK_OF_ONES, 0) is packed
     assert on_path(Batch(ids), MASK_OF_ONES, 0).attention_mask.tolist() == [[1, 1, 1, 1]]
+
+
+def test_a_path_that_would_make_the_canonical_calls_again_replays_nothing() -> None:
+    """The padding suite's cases all carry a mask (padded rows, or rows alone with a mask of
+    ones and default positions), so ``mask_of_ones`` would call the model with exactly the
+    canonical arguments: the replayed cases' outcomes stand there, and the path runs no
+    forward. The training path changes every call, so it replays them."""
+    from maskcheck.harness.report.render import paths_text
+
+    check = check_of(audit("ref:tiny-decoder", ["padding"]), "padding", "pad_ids")
+    runs = {run["path"]: run for run in check.paths}
+    assert runs["mask_of_ones"] == {"path": "mask_of_ones", "status": "pass", "cases": 0, "same_calls": 2}, runs
+    assert runs["training"]["cases"] == 2 and "same_calls" not in runs["training"], runs
+    assert "mask_of_ones PASS 0+2 same" in paths_text(check)
+
+
+def test_a_call_differs_on_a_path_only_where_the_path_changes_its_arguments() -> None:
+    """What decides whether a replayed case runs on a path: ``mask_of_ones`` changes a call
+    without a mask, or with a mask of another dtype, and no call whose mask is ones already;
+    the float32 twin changes every call, a cache's included."""
+    from maskcheck.harness.adapters.base import Batch
+    from maskcheck.harness.adapters.paths import CANONICAL, CallLog, changes_call
+
+    ids = torch.ones(1, 4, dtype=torch.long)
+    log = CallLog()
+    log.note(CANONICAL, Batch(ids), 0)
+    assert not log.same_on(MASK_OF_ONES) and log.same_on(BARE_CALL)
+    assert not changes_call(MASK_OF_ONES, Batch(ids, torch.ones_like(ids)), 0)  # the same mask, the same call
+    assert changes_call(MASK_OF_ONES, Batch(ids, torch.ones_like(ids, dtype=torch.bool)), 0)  # another dtype
+    assert not CallLog().same_on(PATHS["float32_twin"])  # other weights answer every call, even a cache's
 
 
 def test_the_report_shows_the_path_matrix(tmp_path) -> None:  # type: ignore[no-untyped-def]

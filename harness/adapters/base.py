@@ -26,6 +26,7 @@ from .paths import (
     TRAINING,
     CallPath,
     PathAvailability,
+    note_call,
     trainable_copy,
     training_forward,
 )
@@ -252,6 +253,7 @@ class Adapter(abc.ABC):
     def logits(self, batch: Batch) -> Tensor:
         """Logits ``[B, T, V]`` over the predicted positions, called on this adapter's :attr:`path`."""
         self._check_eval()
+        note_call(self.path, batch, self.capabilities.position_offset)
         batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
         if self.path.training:
             with training_forward(self.model):
@@ -268,6 +270,7 @@ class Adapter(abc.ABC):
         if not self.capabilities.has_loss:
             raise NotImplementedError(f"{self.spec} declares no loss")
         self._check_eval()
+        note_call(self.path, batch, self.capabilities.position_offset)
         batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
         if self.path.training:
             with training_forward(self.model):
@@ -429,6 +432,7 @@ class Adapter(abc.ABC):
                 "no token embedding to differentiate: the model has no nn.Embedding (name one in maskcheck_embedding)"
             )
         self._check_eval()
+        note_call(self.path, batch, self.capabilities.position_offset)
         ids = batch.predicted_ids
         captured: list[tuple[Tensor, bool]] = []  # (leaf, whether the embedding was given the ids [T, B])
 

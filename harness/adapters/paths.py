@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -94,6 +95,71 @@ def on_path(batch: Any, path: CallPath, position_offset: int) -> Any:
     ones = torch.ones_like(batch.input_ids)
     decoder_ones = None if batch.decoder_input_ids is None else torch.ones_like(batch.decoder_input_ids)
     return replace(batch, attention_mask=ones, decoder_attention_mask=decoder_ones)
+
+
+def changes_call(path: CallPath, batch: Any, position_offset: int) -> bool:
+    """Whether ``path`` calls the model otherwise than the canonical path does for a logits or
+    loss call with ``batch``: a path that sets a mode, a cache setting or other weights changes
+    every such call; one that rewrites batches changes those it rewrites to other values."""
+    if path.training or path.default_cache or path.twin:
+        return True
+    rewritten = on_path(batch, path, position_offset)
+    return rewritten is not batch and not all(
+        _same_tensor(getattr(rewritten, f.name), getattr(batch, f.name)) for f in fields(batch)
+    )
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+@dataclass
+class CallLog:
+    """Which other paths would call the model otherwise than the canonical path did, for the
+    logits and loss calls one case made there (the only calls a path changes besides the
+    float32 twin's, whose other weights answer every call).
+
+    A case that a path leaves unchanged makes the same calls there and gets the same
+    logits (up to the rows it is stacked with, which the batching gate licenses), so its
+    canonical outcome is its outcome on that path: replaying it there costs its forwards
+    and can change no verdict (``harness/audits/runner.py:PathChecks``)."""
+
+    changed: set[str] = field(default_factory=set)  # names of the paths that change some call
+
+    def note(self, path: CallPath | None, batch: Any, position_offset: int) -> None:
+        """Note a call made on ``path`` (only the canonical path's calls are compared)."""
+        if path != CANONICAL:
+            return
+        for other in OTHER_PATHS:
+            if other.name not in self.changed and changes_call(other, batch, position_offset):
+                self.changed.add(other.name)
+
+    def same_on(self, path: CallPath) -> bool:
+        """Whether ``path`` would make exactly the calls this case made on the canonical path."""
+        return not path.twin and path.name not in self.changed
+
+
+#: the log of the case being evaluated, if its calls are being logged (harness/engine/suite.py)
+_CALLS: ContextVar[CallLog | None] = ContextVar("maskcheck_calls", default=None)
+
+
+@contextmanager
+def logging_calls(log: CallLog | None) -> Iterator[None]:
+    """Note every logits and loss call made inside in ``log`` (None: note nowhere)."""
+    token = _CALLS.set(log)
+    try:
+        yield
+    finally:
+        _CALLS.reset(token)
+
+
+def note_call(path: CallPath, batch: Any, position_offset: int) -> None:
+    """Note a logits or loss call in the current case's log, if one is kept."""
+    log = _CALLS.get()
+    if log is not None:
+        log.note(path, batch, position_offset)
 
 
 def trainable_copy(batch: Any) -> Any:

@@ -461,15 +461,19 @@ class PathChecks:
         failures: list[FailedCheck],
     ) -> CheckResult:
         """``check``'s result over every path, given its ``canonical`` one (of ``cases`` cases,
-        ``evaluated``). Each path replays the canonical cases that exercise the check most
-        (``informative_cases``); with none to replay (a check decided earlier), it draws its own."""
+        ``evaluated``, each with the log of its model calls). Each path replays the canonical
+        cases that exercise the check most (``informative_cases``), except those whose every
+        call the path leaves as the canonical path made it: their outcome there is the
+        canonical one, and the path's entry counts them as ``same_calls``. With no case to
+        replay (a check decided earlier), a path draws its own."""
         # A check the call path cannot change (check.on_paths False) still runs on the float32 twin.
         usable = [a for a in self.available if check.on_paths or a.path.twin]
         own = CANONICAL.name if check.on_paths else check.path
         canonical.paths = [{"path": own, "status": canonical.status, "cases": cases}]
         if not usable:
             return canonical
-        replayed = informative_cases(evaluated, self.context.examples)
+        replayed = informative_cases([case for case, _ in evaluated], self.context.examples)
+        log_of = {id(case): log for case, log in evaluated}
         chosen = canonical
         for available in usable:
             path = available.path
@@ -480,7 +484,7 @@ class PathChecks:
             if reason is not None:
                 canonical.paths.append({"path": path.name, "status": "not_run", "reason": reason})
                 continue
-            planned = self.checks_on(path)
+            planned, same_calls = self.checks_on(path), 0
             if isinstance(planned, CheckResult):
                 outcome, ran = CheckResult(check.name, "error", planned.message), 0
             elif check.name not in planned:
@@ -489,6 +493,13 @@ class PathChecks:
                 )
                 continue
             else:
+                changed = [case for case in replayed if not log_of[id(case)].same_on(path)]
+                same_calls = len(replayed) - len(changed)
+                if replayed and not changed:
+                    # every replayed case would call the model as it did: its outcome stands
+                    entry = {"path": path.name, "status": canonical.status, "cases": 0, "same_calls": same_calls}
+                    canonical.paths.append(entry)
+                    continue
                 before = result.cases
                 outcome = _run_one(
                     planned[check.name],
@@ -497,11 +508,14 @@ class PathChecks:
                     failures,
                     self.suite.name,
                     path.name,
-                    replayed,
+                    changed,
                     shrink_examples=self.canonical_examples,
                 )
                 ran = result.cases - before
-            canonical.paths.append({"path": path.name, "status": outcome.status, "cases": ran})
+            entry = {"path": path.name, "status": outcome.status, "cases": ran}
+            if same_calls:
+                entry["same_calls"] = same_calls
+            canonical.paths.append(entry)
             if SEVERITY[outcome.status] > SEVERITY[chosen.status]:
                 outcome.message = f"on the {path.name} path ({path.description}): {outcome.message}"
                 chosen = outcome
@@ -522,7 +536,8 @@ def _run_one(
     shrink_examples: int | None = None,
 ) -> CheckResult:
     """Run ``check`` (on ``replayed`` cases first, when given) and add its cases and failure
-    to ``result`` and ``failures``; ``evaluated`` receives the distinct cases it evaluated.
+    to ``result`` and ``failures``; ``evaluated`` receives the distinct cases it evaluated,
+    each with the log of its model calls.
     ``shrink_examples``: the cases a search may draw to shrink a replayed case's failure."""
     try:
         decided = context.decided.get((suite, check.name))

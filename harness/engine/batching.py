@@ -28,6 +28,7 @@ widened by padding columns on that side (mask 0, the pad id): ``batch_compositio
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Sequence, Union
 
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
+from ..adapters.paths import CallLog, logging_calls
 
 #: A forward's fixed cost, in tokens of its per-token cost: padding that costs more than the
 #: forward it saves is never added. Measured on a CPU by ``benchmarks/audit_overhead.py
@@ -108,13 +110,21 @@ def _reply(request: Request, answers: list[Tensor | BaseException]) -> Any:
     return answers if isinstance(request, list) else answers[0]
 
 
-def run_together(evaluations: Sequence[Any], on_done: Callable[[int], None] | None = None) -> list[Result]:
+def run_together(
+    evaluations: Sequence[Any],
+    on_done: Callable[[int], None] | None = None,
+    logs: Sequence[CallLog | None] | None = None,
+) -> list[Result]:
     """Drive evaluations in lockstep, stacking their requests into as few forwards as fit.
 
     Returns, per evaluation, its outcome or the exception it raised; ``on_done(i)`` is called
-    as evaluation ``i`` finishes (a progress display)."""
+    as evaluation ``i`` finishes (a progress display). ``logs[i]``: where evaluation ``i``'s
+    model calls are noted (harness/adapters/paths.py:CallLog), each stacked request as its own."""
     results: list[Result] = [None] * len(evaluations)
     waiting: dict[int, Request] = {}
+
+    def log_of(i: int) -> CallLog | None:
+        return logs[i] if logs is not None else None
 
     def finish(i: int, result: Result) -> None:
         waiting.pop(i, None)
@@ -125,7 +135,8 @@ def run_together(evaluations: Sequence[Any], on_done: Callable[[int], None] | No
     def advance(i: int, reply: Any) -> None:
         evaluation = evaluations[i]
         try:
-            waiting[i] = evaluation.throw(reply) if isinstance(reply, BaseException) else evaluation.send(reply)
+            with logging_calls(log_of(i)):  # the calls the evaluation makes itself
+                waiting[i] = evaluation.throw(reply) if isinstance(reply, BaseException) else evaluation.send(reply)
         except StopIteration as stop:
             finish(i, stop.value)
         except Exception as exc:  # the case's own error; the others go on
@@ -142,34 +153,44 @@ def run_together(evaluations: Sequence[Any], on_done: Callable[[int], None] | No
             for i, request in waiting.items()
             for j, r in enumerate(request if isinstance(request, list) else [request])
         }
-        answers = answer(flat)
+        answers = answer(flat, lambda key: log_of(key[0]))
         for i, request in list(waiting.items()):
             count = len(request) if isinstance(request, list) else 1
             advance(i, _reply(request, [answers[(i, j)] for j in range(count)]))
     return results
 
 
-def answer(requests: dict[Any, Logits | Greedy]) -> dict[Any, Any]:
-    """Each request's reply (or the exception its forward raised), from stacked forwards."""
+def answer(
+    requests: dict[Any, Logits | Greedy], log_of: Callable[[Any], CallLog | None] = lambda key: None
+) -> dict[Any, Any]:
+    """Each request's reply (or the exception its forward raised), from stacked forwards;
+    ``log_of(key)``: where the request's model calls are noted."""
     replies: dict[Any, Any] = {}
     decodings = {key: r for key, r in requests.items() if isinstance(r, Greedy)}
     for group in _same_shape(decodings):
-        replies.update(_decode_together([(key, decodings[key]) for key in group]))
+        replies.update(_decode_together([(key, decodings[key]) for key in group], log_of))
     forwards = {key: r for key, r in requests.items() if isinstance(r, Logits)}
     for group in plan(forwards):
         if len(group) == 1:
-            replies[group[0]] = _forward(forwards[group[0]])
+            replies[group[0]] = _forward(forwards[group[0]], log_of(group[0]))
             continue
         asked = [forwards[i] for i in group]
         length = max(r.batch.predicted_ids.shape[1] for r in asked)
         side = _padded_side(asked[0].batch)
+        for i, request in zip(group, asked):  # each request's call as it asked for it, not the stacked one
+            log = log_of(i)
+            if log is not None:
+                log.note(
+                    getattr(request.adapter, "path", None), request.batch, request.adapter.capabilities.position_offset
+                )
         try:
-            logits = asked[0].adapter.logits(
-                concat([widen(r.batch, length, side, r.adapter) for r in asked])
-            )  # [sum B, length, V]
+            with logging_calls(None):
+                logits = asked[0].adapter.logits(
+                    concat([widen(r.batch, length, side, r.adapter) for r in asked])
+                )  # [sum B, length, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
-                replies[i] = _forward(forwards[i])
+                replies[i] = _forward(forwards[i], log_of(i))
             continue
         start = 0
         for i, request in zip(group, asked):
@@ -190,18 +211,21 @@ def _same_shape(requests: dict[Any, Greedy]) -> list[list[Any]]:
     return list(groups.values())
 
 
-def _decode_together(asked: list[tuple[Any, Greedy]]) -> dict[Any, Any]:
+def _decode_together(
+    asked: list[tuple[Any, Greedy]], log_of: Callable[[Any], CallLog | None] = lambda key: None
+) -> dict[Any, Any]:
     """One greedy decoding of the stacked batches, as long as the longest asks; each request
-    gets its rows and its first steps."""
+    gets its rows and its first steps. (A decoding makes no logits or loss call: nothing
+    to note for a stacked one.)"""
     if len(asked) == 1:
-        return {asked[0][0]: _forward(asked[0][1])}
+        return {asked[0][0]: _forward(asked[0][1], log_of(asked[0][0]))}
     steps = max(r.new_tokens for _, r in asked)
     try:
         tokens, logits = greedy(
             asked[0][1].adapter, concat([r.batch for _, r in asked]), steps
         )  # [sum B, n], [sum B, n, V]
     except Exception:
-        return {key: _forward(r) for key, r in asked}
+        return {key: _forward(r, log_of(key)) for key, r in asked}
     replies, start = {}, 0
     for key, request in asked:
         rows = slice(start, start + request.batch.size)
@@ -210,11 +234,13 @@ def _decode_together(asked: list[tuple[Any, Greedy]]) -> dict[Any, Any]:
     return replies
 
 
-def _forward(request: Logits | Greedy) -> Any:
+def _forward(request: Logits | Greedy, log: CallLog | None = None) -> Any:
+    """The request's reply, its calls noted in ``log`` (None: wherever the caller notes them)."""
     try:
-        if isinstance(request, Greedy):
-            return greedy(request.adapter, request.batch, request.new_tokens)
-        return request.adapter.logits(request.batch)
+        with logging_calls(log) if log is not None else contextlib.nullcontext():
+            if isinstance(request, Greedy):
+                return greedy(request.adapter, request.batch, request.new_tokens)
+            return request.adapter.logits(request.batch)
     except Exception as exc:
         return exc
 

@@ -22,6 +22,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ..adapters.base import Adapter, AdapterError, Capabilities
+from ..adapters.paths import CallLog, logging_calls
 from .batching import run_alone, run_together
 from .profiles import profile_settings, without_local_constants
 from .strategies import MARK, reaching
@@ -262,10 +263,13 @@ def run_check(check: Check, context: RunContext) -> tuple[CheckResult, int, Case
     return CheckRun(check, context).run()
 
 
-def run_check_keeping_cases(check: Check, context: RunContext) -> tuple[CheckResult, int, CaseFailed | None, list]:
-    """:func:`run_check`, and the distinct cases it evaluated, in order."""
+def run_check_keeping_cases(
+    check: Check, context: RunContext
+) -> tuple[CheckResult, int, CaseFailed | None, list[tuple[Any, CallLog]]]:
+    """:func:`run_check`, and the distinct cases it evaluated, in order, each with the log of
+    the model calls it made (harness/adapters/paths.py:CallLog)."""
     run = CheckRun(check, context)
-    return (*run.run(), list(run.memo))
+    return (*run.run(), [(run.cases[key], run.calls[key]) for key in run.memo])
 
 
 def replay_first(
@@ -349,6 +353,8 @@ class CheckRun:
         self.evaluated = 0
         self.worst: tuple[tuple[int, float], Any, Outcome] | None = None  # (rank, case, outcome)
         self.memo: dict[Any, Outcome] = {}
+        self.cases: dict[Any, Any] = {}  # memo key -> the case
+        self.calls: dict[Any, CallLog] = {}  # memo key -> the model calls the case made
         self.failures: list[CaseFailed] = []  # in the order found: while shrinking, each smaller than the last
         self.shrink_started: float | None = None
         self.stopped_by: str | None = None  # what stopped the shrinking early
@@ -423,7 +429,8 @@ class CheckRun:
             outcome = self.memo.get(key)
             if outcome is None:
                 self.raise_past_deadline()
-                with torch.inference_mode():  # the harness's own tensor work needs no autograd either
+                # the harness's own tensor work needs no autograd either
+                with torch.inference_mode(), logging_calls(self.log_of(key, case)):
                     outcome = self.memo[key] = self.check.outcome(case)
                 self.record(case, outcome)
             if outcome.status == "fail":
@@ -439,8 +446,13 @@ class CheckRun:
         if len(fresh) < 2:
             return
         self.raise_past_deadline()
+        logs = [self.log_of(key, case) for key, case in fresh]
         with torch.inference_mode():
-            results = run_together([self.check.evaluate(case) for _, case in fresh])
+            evaluations = []
+            for (_, case), log in zip(fresh, logs):
+                with logging_calls(log):  # a check that evaluates at once calls the model here
+                    evaluations.append(self.check.evaluate(case))
+            results = run_together(evaluations, logs=logs)
         for (key, case), result in zip(fresh, results):
             if isinstance(result, BaseException):
                 break  # evaluated again in order, where it raises
@@ -448,6 +460,12 @@ class CheckRun:
             self.record(case, result)
             if result.status == "fail":
                 break
+
+    def log_of(self, key: Any, case: Any) -> CallLog:
+        """The log of ``case``'s model calls (the calls of an evaluation retried alone add to it)."""
+        if key not in self.calls:
+            self.cases[key], self.calls[key] = case, CallLog()
+        return self.calls[key]
 
     def from_memo(self, cases: list[Any]) -> bool:
         """Whether the memo decides these cases as evaluating them in order would (up to the first failure)."""

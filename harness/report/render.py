@@ -34,14 +34,22 @@ def diff_text(check: Any) -> str:
 
 
 def paths_text(check: Any) -> str:
-    """The call paths a check ran on, one word each: ``canonical PASS 9, training FAIL 3, default_cache n/a``."""
+    """The call paths a check ran on, one word each: ``canonical PASS 9, training FAIL 3,
+    mask_of_ones PASS 0+2 same, default_cache n/a`` (``+2 same``: two replayed cases whose
+    calls the path leaves as they were, so their canonical outcome is theirs there)."""
     words = []
     for run in getattr(check, "paths", None) or []:
         if run.get("reason"):
             words.append(f"{run['path']} n/a")
         else:
-            words.append(f"{run['path']} {STATUS_MARK[run['status']]} {run.get('cases') or 0}")
+            words.append(f"{run['path']} {STATUS_MARK[run['status']]} {run_cases(run)}")
     return ", ".join(words)
+
+
+def run_cases(run: dict[str, Any]) -> str:
+    """A path's cases: ``3``, or ``1+2 same`` where two replayed cases made only the canonical calls."""
+    same = f"+{run['same_calls']} same" if run.get("same_calls") else ""
+    return f"{run.get('cases') or 0}{same}"
 
 
 def path_lines(environment: dict[str, Any]) -> list[str]:
@@ -218,7 +226,7 @@ def path_matrix(report: dict[str, Any]) -> list[str]:
                 elif run.get("reason"):
                     cells.append("n/a")
                 else:
-                    cells.append(f"{STATUS_MARK[run['status']]} ({run.get('cases') or 0})")
+                    cells.append(f"{STATUS_MARK[run['status']]} ({run_cases(run)})")
             lines.append(f"| {suite['name']}/{check['name']} | " + " | ".join(cells[: len(names)]) + " |")
             extra = [f"{n}: {cells[len(names) + i]}" for i, n in enumerate(n for n in runs if n not in names)]
             if extra:
