@@ -9,9 +9,11 @@ For each model, in one process:
    as it was);
 2. a timed run of the same audit (same seed and profile, so the same cases) without
    recording;
-3. the recorded forwards are replayed on the bare model, timed.
+3. the recorded calls are replayed on the bare model, timed, each as the audit made it:
+   the training path's forwards with gradients recorded in train mode, and the gradient
+   checks' forwards followed by their backward to the token embeddings.
 
-It prints ``harness time / bare forward time`` (target: at most 1.3), the forwards per
+It prints ``audit time / bare model time`` (the overhead ratio; target: at most 1.3), the forwards per
 case of each suite, and the wall time of the audit. ``--breakdown`` adds one more,
 instrumented audit that splits each suite's time into the model's forwards, the
 harness's work around them (building cases, comparing, the adapter) and Hypothesis
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import os
@@ -43,7 +47,7 @@ import time
 import types
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 warnings.filterwarnings("ignore")
 
@@ -101,28 +105,54 @@ MODELS: dict[str, Callable[[], Any]] = {"gpt2-small": gpt2_small, "tiny-referenc
 COUNTED: dict[str, Callable[[], Any]] = {**MODELS, "gpt2-narrow": gpt2_narrow}
 
 
+@dataclasses.dataclass
+class Call:
+    """One model call of the audit: a forward, as it was made, and whether a backward followed."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    suite: str
+    grad: bool  # gradients were recorded (the training path, the gradient checks)
+    training: bool  # the module was in train mode
+    backward: bool = False  # a gradient check differentiated it (torch.autograd.grad)
+
+
 class Recorder:
-    """Keeps (module, args, kwargs) of every forward of a model of the audited class,
-    deep-copied before the call: the audited model and the models the audit builds from
-    its weights (norm_checkpoint rebuilds them under other layouts) are all forwards the
-    audit made. It wraps the class's ``forward`` while recording and restores it after."""
+    """Keeps every forward of a model of the audited class (its inputs deep-copied before
+    the call, its grad and train modes) and marks the forwards a gradient check then
+    differentiated: the audited model and the models the audit builds from its weights
+    (norm_checkpoint rebuilds them under other layouts) are all calls the audit made. It
+    wraps the class's ``forward`` and ``torch.autograd.grad`` while recording and restores
+    them after."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.calls: list[tuple[torch.nn.Module, tuple, dict, str]] = []
+        self.calls: list[Call] = []
         self.suite = GATE  # until the first suite starts
         self.kind = type(model)
         self.original = self.kind.forward
+        self.original_grad = torch.autograd.grad
         recorder = self
 
         @functools.wraps(self.original)  # adapters read forward's signature to learn what the model takes
         def forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            recorder.calls.append((module, copy.deepcopy(args), copy.deepcopy(kwargs), recorder.suite))
+            grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            call = Call(module, copy.deepcopy(args), copy.deepcopy(kwargs), recorder.suite, grad, module.training)
+            recorder.calls.append(call)
             return recorder.original(module, *args, **kwargs)
 
+        @functools.wraps(self.original_grad)
+        def grad(*args: Any, **kwargs: Any) -> Any:
+            if recorder.calls:
+                recorder.calls[-1].backward = True
+            return recorder.original_grad(*args, **kwargs)
+
         self.kind.forward = forward  # type: ignore[method-assign]
+        torch.autograd.grad = grad
 
     def remove(self) -> None:
         self.kind.forward = self.original  # type: ignore[method-assign]
+        torch.autograd.grad = self.original_grad
 
 
 def synchronize(device: torch.device) -> None:
@@ -166,20 +196,57 @@ def run_audit(
     return time.perf_counter() - started, per_suite, result
 
 
-def replay(calls: list[tuple[torch.nn.Module, tuple, dict, str]]) -> dict[str, float]:
-    """Seconds the recorded forwards take on the bare models, per suite; each runs on a
-    fresh copy of its inputs (copied outside the timed region)."""
+def replay(calls: list[Call]) -> dict[str, float]:
+    """Seconds the recorded model calls take on the bare models, per suite: each forward on
+    a fresh copy of its inputs, in the mode the audit made it (train mode with dropout off
+    and gradients recorded, for the training path and the gradient checks), then, where a
+    gradient check differentiated it, the backward of its log-probabilities to the token
+    embeddings. Inputs are copied and modes set outside the timed region."""
     per_suite: dict[str, float] = {}
-    with torch.inference_mode():
-        for module, args, kwargs, suite in calls:
-            args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
-            device = next(module.parameters()).device
+    for call in calls:
+        args, kwargs = copy.deepcopy(call.args), copy.deepcopy(call.kwargs)
+        device = next(call.module.parameters()).device
+        with as_recorded(call) as leaves, torch.inference_mode(not call.grad), torch.set_grad_enabled(call.grad):
             synchronize(device)
             started = time.perf_counter()
-            module(*args, **kwargs)
+            out = call.module(*args, **kwargs)
+            if call.backward:
+                logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out
+                torch.autograd.grad(torch.log_softmax(logits, -1).sum(), leaves[-1])
             synchronize(device)
-            per_suite[suite] = per_suite.get(suite, 0.0) + time.perf_counter() - started
+            per_suite[call.suite] = per_suite.get(call.suite, 0.0) + time.perf_counter() - started
     return per_suite
+
+
+@contextlib.contextmanager
+def as_recorded(call: Call) -> Iterator[list[torch.Tensor]]:
+    """The module in the call's train mode with every dropout off, as the audit ran it; for a
+    call a gradient check differentiated, the token embeddings' outputs become leaves that
+    record gradients (yielded, in the order made). Restores the module after."""
+    module = call.module
+    dropouts = [(m, m.p) for m in module.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    leaves: list[torch.Tensor] = []
+    handle = None
+    if call.backward:
+        embedding = adapter_for(module).embedding_module()
+
+        def leaf(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+            leaves.append(output.detach().requires_grad_(True))
+            return leaves[-1].clone()
+
+        handle = embedding.register_forward_hook(leaf)
+    training = module.training
+    try:
+        for dropout, _ in dropouts:
+            dropout.p = 0.0
+        module.train(call.training)
+        yield leaves
+    finally:
+        module.train(training)
+        for dropout, p in dropouts:
+            dropout.p = p
+        if handle is not None:
+            handle.remove()
 
 
 def breakdown(model: Any, profile: str) -> dict[str, tuple[float, float]]:
@@ -431,7 +498,7 @@ def measure(
     assert [s.status for s in result.suites] == [s.status for s in recorded.suites], "the timed run drew other cases"
     audit_time, bare_time = statistics.median(a for a, _ in audits), statistics.median(sum(b.values()) for b in bares)
     per_suite = {}
-    gate_forwards = sum(1 for *_, s in recorder.calls if s == GATE)
+    gate_forwards = sum(1 for call in recorder.calls if call.suite == GATE)
     if gate_forwards:  # padding/batch_composition, run before the suites (harness.audits.runner.batching_gate)
         per_suite[GATE] = {
             "status": next(c.status for c in recorded.suite("padding").checks if c.name == "batch_composition"),
@@ -444,7 +511,7 @@ def measure(
         per_suite[suite.name] = {
             "status": suite.status,
             "cases": suite.cases,
-            "forwards": sum(1 for *_, s in recorder.calls if s == suite.name),
+            "forwards": sum(1 for call in recorder.calls if call.suite == suite.name),
             "audit": statistics.median(seconds.get(suite.name, 0.0) for _, seconds in audits),
             "bare": statistics.median(b.get(suite.name, 0.0) for b in bares),
         }
@@ -453,6 +520,8 @@ def measure(
         "parameters": parameters,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "forwards": len(recorder.calls),
+        "with_grad": sum(call.grad for call in recorder.calls),
+        "backward": sum(call.backward for call in recorder.calls),
         "audit": audit_time,
         "bare": bare_time,
         "ratio": audit_time / bare_time,
@@ -486,8 +555,11 @@ def print_measured(name: str, r: dict[str, Any], args: argparse.Namespace) -> No
         print(
             f"  {suite:<16} {row['status']:<15} {row['cases']:>6} {row['forwards']:>9} {per_case:>9} {row['audit']:>8.2f} {row['bare']:>8.2f}"
         )
-    print(f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards on the bare model {r['bare']:.2f}s")
-    print(f"  harness time / bare forward time = {r['ratio']:.3f}  (target <= 1.3)")
+    print(
+        f"  audit wall time {r['audit']:.2f}s; the same {r['forwards']} forwards ({r['with_grad']} with gradients,"
+        f" {r['backward']} of them with their backward) on the bare model {r['bare']:.2f}s"
+    )
+    print(f"  audit time / bare model time = {r['ratio']:.3f}  (target <= 1.3)")
     print(f"  batching {r['batching']}")
     if r["unbatched"]:
         print(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from maskcheck import audit
 from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
@@ -105,24 +106,34 @@ def test_lengths_leave_room_for_the_decoded_tokens() -> None:
 
 def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
     """The benchmark's recorder wraps forward; the adapter must still see the model's own
-    signature (it decides what the model takes from it), or the recorded audit is another audit."""
+    signature (it decides what the model takes from it), or the recorded audit is another
+    audit. The calls are replayed as they were made: the training path's forwards with
+    gradients in train mode, the gradient checks' with their backward, and the model is
+    left as it was."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from audit_overhead import Recorder
+    from audit_overhead import Recorder, replay
 
     from maskcheck.harness.adapters.specs import adapter_for
 
     model = tiny_model("gpt2")
     plain = adapter_for(model).capabilities
+    grad = torch.autograd.grad
     recorder = Recorder(model)
     try:
         recorded = adapter_for(model).capabilities
         audit(adapter_for(model), ["causal"])
     finally:
         recorder.remove()
-    assert recorded == plain
-    assert recorder.calls and all(module is model for module, *_ in recorder.calls)
+    assert recorded == plain and torch.autograd.grad is grad
+    assert recorder.calls and all(call.module is model for call in recorder.calls)
+    backward = [call for call in recorder.calls if call.backward]
+    assert len(backward) == 5 and all(call.grad and call.training for call in backward)  # GRADIENT_CASES
+    assert any(call.grad and not call.backward for call in recorder.calls)  # the training path's forwards
+    dropout = next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert sum(replay(recorder.calls).values()) > 0
+    assert not model.training and next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)) == dropout
 
 
 def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_what_it_timed() -> None:

@@ -90,6 +90,11 @@ def on_path(batch: Any, path: CallPath, position_offset: int) -> Any:
     """``batch`` as ``path`` calls the model with it."""
     if not (path.bare or path.mask_of_ones) or not plain(batch, position_offset):
         return batch
+    return _rewritten(batch, path)
+
+
+def _rewritten(batch: Any, path: CallPath) -> Any:
+    """A plain ``batch`` as a path that rewrites batches passes it."""
     if path.bare:
         return replace(batch, attention_mask=None, position_ids=None, decoder_attention_mask=None)
     ones = torch.ones_like(batch.input_ids)
@@ -97,16 +102,19 @@ def on_path(batch: Any, path: CallPath, position_offset: int) -> Any:
     return replace(batch, attention_mask=ones, decoder_attention_mask=decoder_ones)
 
 
-def changes_call(path: CallPath, batch: Any, position_offset: int) -> bool:
+def changes_call(path: CallPath, batch: Any, position_offset: int, is_plain: bool | None = None) -> bool:
     """Whether ``path`` calls the model otherwise than the canonical path does for a logits or
     loss call with ``batch``: a path that sets a mode, a cache setting or other weights changes
-    every such call; one that rewrites batches changes those it rewrites to other values."""
+    every such call; one that rewrites batches changes those it rewrites to other values.
+    ``is_plain``: :func:`plain` of the batch, where the caller knows it."""
     if path.training or path.default_cache or path.twin:
         return True
-    rewritten = on_path(batch, path, position_offset)
-    return rewritten is not batch and not all(
-        _same_tensor(getattr(rewritten, f.name), getattr(batch, f.name)) for f in fields(batch)
-    )
+    if not (path.bare or path.mask_of_ones):
+        return False
+    if not (plain(batch, position_offset) if is_plain is None else is_plain):
+        return False
+    rewritten = _rewritten(batch, path)
+    return not all(_same_tensor(getattr(rewritten, f.name), getattr(batch, f.name)) for f in fields(batch))
 
 
 def _same_tensor(a: Any, b: Any) -> bool:
@@ -132,8 +140,10 @@ class CallLog:
         """Note a call made on ``path`` (only the canonical path's calls are compared)."""
         if path != CANONICAL:
             return
-        for other in OTHER_PATHS:
-            if other.name not in self.changed and changes_call(other, batch, position_offset):
+        pending = [other for other in OTHER_PATHS if other.name not in self.changed]
+        is_plain = plain(batch, position_offset) if any(p.bare or p.mask_of_ones for p in pending) else False
+        for other in pending:
+            if changes_call(other, batch, position_offset, is_plain):
                 self.changed.add(other.name)
 
     def same_on(self, path: CallPath) -> bool:

@@ -307,14 +307,13 @@ def informative_cases(cases: list, count: int) -> list:
         return []
 
     def size(case: Any) -> int:
-        values = case_to_dict(case).items()
-        return sum(_integers(value) for name, value in values if name != "seed")
+        return sum(_integers(value) for name, value in _fields(case).items() if name != "seed")
 
     def items(case: Any) -> int:
-        return sum(len(value) for value in case_to_dict(case).values() if isinstance(value, (list, tuple)))
+        return sum(len(value) for value in _fields(case).values() if isinstance(value, (list, tuple)))
 
     def kind(case: Any) -> tuple:
-        return tuple(sorted((k, v) for k, v in case_to_dict(case).items() if isinstance(v, str)))
+        return tuple(sorted((k, v) for k, v in _fields(case).items() if isinstance(v, str)))
 
     chosen = [max(cases, key=size)]
     structured = sorted(cases, key=lambda case: (-items(case), size(case)))
@@ -325,6 +324,13 @@ def informative_cases(cases: list, count: int) -> list:
         if len(chosen) < count and case not in chosen:
             chosen.append(case)
     return chosen
+
+
+def _fields(case: Any) -> dict[str, Any]:
+    """A case's own fields, not copied (:func:`case_to_dict` deep-copies them for reports)."""
+    if dataclasses.is_dataclass(case):
+        return {f.name: getattr(case, f.name) for f in dataclasses.fields(case)}
+    return {"value": repr(case)}
 
 
 def _integers(value: Any) -> int:
