@@ -103,9 +103,10 @@ def _rewritten(batch: Any, path: CallPath) -> Any:
 
 
 def changes_call(path: CallPath, batch: Any, position_offset: int, is_plain: bool | None = None) -> bool:
-    """Whether ``path`` calls the model otherwise than the canonical path does for a logits or
-    loss call with ``batch``: a path that sets a mode, a cache setting or other weights changes
-    every such call; one that rewrites batches changes those it rewrites to other values.
+    """Whether ``path`` calls the model otherwise than the canonical path does for a logits,
+    loss or gradient call with ``batch``: a path that sets a mode, a cache setting or other
+    weights changes every such call; one that rewrites batches changes those it rewrites to
+    other values.
     ``is_plain``: :func:`plain` of the batch, where the caller knows it."""
     if path.training or path.default_cache or path.twin:
         return True
@@ -126,8 +127,9 @@ def _same_tensor(a: Any, b: Any) -> bool:
 @dataclass
 class CallLog:
     """Which other paths would call the model otherwise than the canonical path did, for the
-    logits and loss calls one case made there (the only calls a path changes besides the
-    float32 twin's, whose other weights answer every call).
+    logits, loss and gradient calls one case made there: the only calls a path changes,
+    except on the float32 twin, whose other weights answer every call (a prefill and a
+    decode step too).
 
     A case that a path leaves unchanged makes the same calls there and gets the same
     logits (up to the rows it is stacked with, which the batching gate licenses), so its
@@ -157,7 +159,7 @@ _CALLS: ContextVar[CallLog | None] = ContextVar("maskcheck_calls", default=None)
 
 @contextmanager
 def logging_calls(log: CallLog | None) -> Iterator[None]:
-    """Note every logits and loss call made inside in ``log`` (None: note nowhere)."""
+    """Note in ``log`` every logits, loss and gradient call made inside (None: note nowhere)."""
     token = _CALLS.set(log)
     try:
         yield
@@ -166,7 +168,7 @@ def logging_calls(log: CallLog | None) -> Iterator[None]:
 
 
 def note_call(path: CallPath, batch: Any, position_offset: int) -> None:
-    """Note a logits or loss call in the current case's log, if one is kept."""
+    """Note a logits, loss or gradient call in the current case's log, if one is kept."""
     log = _CALLS.get()
     if log is not None:
         log.note(path, batch, position_offset)
