@@ -135,7 +135,7 @@ def run_together(
     def advance(i: int, reply: Any) -> None:
         evaluation = evaluations[i]
         try:
-            with logging_calls(log_of(i)):  # the calls the evaluation makes itself
+            with _noting_in(log_of(i)):  # the calls the evaluation makes itself
                 waiting[i] = evaluation.throw(reply) if isinstance(reply, BaseException) else evaluation.send(reply)
         except StopIteration as stop:
             finish(i, stop.value)
@@ -184,7 +184,7 @@ def answer(
                     getattr(request.adapter, "path", None), request.batch, request.adapter.capabilities.position_offset
                 )
         try:
-            with logging_calls(None):
+            with logging_calls(None):  # the stacked call is no case's own: each request was noted above
                 logits = asked[0].adapter.logits(
                     concat([widen(r.batch, length, side, r.adapter) for r in asked])
                 )  # [sum B, length, V]
@@ -234,10 +234,15 @@ def _decode_together(
     return replies
 
 
+def _noting_in(log: CallLog | None) -> Any:
+    """Note the calls made inside in ``log``; None: wherever the caller notes them."""
+    return logging_calls(log) if log is not None else contextlib.nullcontext()
+
+
 def _forward(request: Logits | Greedy, log: CallLog | None = None) -> Any:
     """The request's reply, its calls noted in ``log`` (None: wherever the caller notes them)."""
     try:
-        with logging_calls(log) if log is not None else contextlib.nullcontext():
+        with _noting_in(log):
             if isinstance(request, Greedy):
                 return greedy(request.adapter, request.batch, request.new_tokens)
             return request.adapter.logits(request.batch)
