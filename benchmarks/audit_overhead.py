@@ -42,57 +42,21 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import inspect
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import types
 import warnings
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from benchmark_models import COUNTED, MODELS, gpt2_shape, gpt2_small  # noqa: E402
+from versus_peer import peer_run, print_versus_peer  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
 from maskcheck.harness.adapters.specs import adapter_for  # noqa: E402
-
-
-def gpt2_small() -> Any:
-    from transformers import AutoModelForCausalLM, GPT2Config
-
-    torch.manual_seed(0)
-    config = GPT2Config(bos_token_id=1, eos_token_id=2, pad_token_id=0)  # the 124M shape
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-
-
-def gpt2_shape(width: int, layers: int, heads: int, positions: int = 1024) -> Any:
-    """A random-init GPT-2 with GPT-2's vocabulary, ``positions`` of context and the given size."""
-    from transformers import AutoModelForCausalLM, GPT2Config
-
-    torch.manual_seed(0)
-    config = GPT2Config(
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        n_embd=width,
-        n_layer=layers,
-        n_head=heads,
-        n_positions=positions,
-    )
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-
-
-def gpt2_narrow() -> Any:
-    """GPT-2 with the 124M shape's vocabulary and context but 64 wide and one layer: the
-    audit draws the cases it draws on gpt2-small (their lengths follow the context) at a
-    fiftieth of the compute, for counting forwards and tokens (``--count``)."""
-    return gpt2_shape(64, 1, 4)
-
 
 #: the sizes ``--scaling`` sets side by side: (name, width, layers, heads)
 GPT2_SIZES = (
@@ -101,17 +65,6 @@ GPT2_SIZES = (
     ("gpt2-medium (350M)", 1024, 24, 16),
 )
 SCALING_CONTEXTS = (128, 256, 1024, 2048)
-
-
-def tiny_reference() -> Any:
-    from maskcheck.reference_models import PRESETS, Transformer
-
-    torch.manual_seed(0)
-    return Transformer(PRESETS["tiny-decoder"]).eval()
-
-
-MODELS: dict[str, Callable[[], Any]] = {"gpt2-small": gpt2_small, "tiny-reference": tiny_reference}
-COUNTED: dict[str, Callable[[], Any]] = {**MODELS, "gpt2-narrow": gpt2_narrow}
 
 
 @dataclasses.dataclass
@@ -412,80 +365,6 @@ def scaling(profile: str) -> None:
         print(f"  {name:<20} {parameters:>10.0f}M {1000 * fixed:>13.1f} {1000 * per_token:>11.2f} {seconds:>12.0f}")
 
 
-def peer_module() -> str:
-    """A module defining ``gpt2_small`` for the peer's zero-code run: the same factory as ours."""
-    return "from typing import Any\n\nimport torch\n\n\n" + inspect.getsource(gpt2_small)
-
-
-def timed_process(command: list[str], threads: int) -> tuple[float, subprocess.CompletedProcess]:
-    """Wall seconds of ``command`` run as a user runs it, in a folder holding the
-    ``peer_models`` module (:func:`peer_module`), with ``threads`` torch threads; and what it printed."""
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "peer_models.py").write_text(peer_module())
-        env = {**os.environ, "PYTHONPATH": folder, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-        started = time.perf_counter()
-        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
-        return time.perf_counter() - started, done
-
-
-def audit_process(profile: str, threads: int) -> tuple[float, float, str]:
-    """``maskcheck audit module:peer_models:gpt2_small`` as its own process, what a user waits
-    for (the interpreter, the imports, the model's construction and the audit): wall seconds,
-    the seconds the audit reports, and its verdict line."""
-    command = [sys.executable, "-m", "maskcheck", "audit", "module:peer_models:gpt2_small", "--profile", profile, "-q"]
-    wall, done = timed_process(command, threads)
-    verdict = next((line for line in done.stdout.splitlines() if line.startswith("verdict: ")), "")
-    if not verdict or done.returncode not in (0, 1):
-        raise SystemExit(f"the audit did not run (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    reported = float(verdict.split(" in ", 1)[1].split("s")[0])
-    return wall, reported, verdict
-
-
-def peer_run(python: str, threads: int) -> tuple[float, float, str]:
-    """pytest-torch's zero-code run (``pytest --torch-model=MODULE:FACTORY``) on the GPT-2-small
-    shape, in its own venv (it registers a pytest plugin) and process: wall seconds, the
-    seconds pytest reports for its session, and pytest's summary line."""
-    wall, done = timed_process(
-        [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--torch-model=peer_models:gpt2_small"], threads
-    )
-    summary = next(
-        (
-            line.strip("= ")
-            for line in reversed(done.stdout.splitlines())
-            if " in " in line and ("passed" in line or "failed" in line)
-        ),
-        "",
-    )
-    if not summary or " error" in summary:  # a run whose tests could not run measures nothing
-        raise SystemExit(
-            f"the peer's run did not run its tests (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    reported = float(summary.rsplit(" in ", 1)[1].split("s")[0])
-    return wall, reported, summary
-
-
-def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str, Any]:
-    """``maskcheck audit`` of gpt2-small and the peer's zero-code run on the same model, each
-    a whole process, alternating, ``repeats`` times each: medians of wall time and of what
-    each reports, and the audit's verdict line."""
-    audits, peers = [], []
-    for _ in range(repeats):
-        peers.append(peer_run(peer, threads))
-        audits.append(audit_process(profile, threads))
-    return {
-        "audit": {
-            "wall": statistics.median(a[0] for a in audits),
-            "reported": statistics.median(a[1] for a in audits),
-            "verdict": audits[-1][2],
-        },
-        "peer": {
-            "wall": statistics.median(p[0] for p in peers),
-            "reported": statistics.median(p[1] for p in peers),
-            "summary": peers[-1][2],
-        },
-    }
-
-
 def measure(
     name: str,
     profile: str,
@@ -598,20 +477,6 @@ def print_measured(name: str, r: dict[str, Any], args: argparse.Namespace) -> No
             print(f"  {suite:<16} " + " ".join(f"{1000 * x:>9.1f}" for x in seconds))
         totals = [1000 * sum(column) for column in zip(*r["breakdown"].values())]
         print(f"  {'all':<16} " + " ".join(f"{x:>9.1f}" for x in totals))
-
-
-def print_versus_peer(args: argparse.Namespace) -> None:
-    """``--peer-only``: the audit and the peer's zero-code run of gpt2-small, alternating."""
-    r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
-    a, p = r["audit"], r["peer"]
-    print(
-        f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), whole processes, median of {args.repeats}, alternating"
-    )
-    print(f"  maskcheck audit: {a['wall']:.2f}s with its process ({a['reported']:.2f}s as it reports); {a['verdict']}")
-    print(
-        f"  pytest-torch zero-code run: {p['wall']:.2f}s with its process ({p['reported']:.2f}s as pytest reports it); {p['summary']}"
-    )
-    print(f"  maskcheck audit / pytest-torch run, whole processes = {a['wall'] / p['wall']:.2f}  (target < 1)")
 
 
 def main() -> int:

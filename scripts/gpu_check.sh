@@ -33,7 +33,7 @@ step() {
         step "$python" benchmarks/audit_overhead.py --model both --device cuda --dtype "$dtype" --repeats 3
     done
     # The 124M checkpoint stays outside $OUT: only small files come back from a lent machine.
-    step "$python" -c "import sys; sys.path.insert(0, 'benchmarks'); from audit_overhead import gpt2_small; gpt2_small().save_pretrained('/tmp/gpt2-small')"
+    step "$python" -c "import sys; sys.path.insert(0, 'benchmarks'); from benchmark_models import gpt2_small; gpt2_small().save_pretrained('/tmp/gpt2-small')"
     for dtype in bfloat16 float16; do
         step "$python" -m maskcheck audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
         step "$python" -m maskcheck audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
