@@ -61,6 +61,7 @@ class CrossAttentionSuite(Suite):
     kind = "mask"
     in_sweep = True
     draws_effective_mask = True
+    long_rows_on_paths = False
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if capabilities.family != "encoder_decoder":

@@ -93,6 +93,7 @@ class LossMaskingSuite(Suite):
     order = 40
     kind = "mask"
     in_sweep = True
+    long_rows_on_paths = False
     _shifted = False  # set by checks(): whether the model's loss shifts its targets (a decoder)
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:

@@ -225,6 +225,7 @@ class PackingSuite(Suite):
     order = 50
     kind = "state"
     in_sweep = True
+    long_rows_on_paths = False
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if capabilities.packing is None and capabilities.family == "encoder_decoder":

@@ -96,6 +96,7 @@ class PaddingSuite(Suite):
     kind = "mask"
     in_sweep = True
     draws_effective_mask = True
+    long_rows_on_paths = False
     batching_gate = "batch_composition"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:

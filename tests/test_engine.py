@@ -244,3 +244,21 @@ def test_the_other_paths_replay_the_longest_case_then_the_richest_cheapest_case_
     assert informative_cases(cases, 2) == [longest, rich_left]
     assert informative_cases(cases, 3) == [longest, rich_left, rich_right]
     assert informative_cases(cases, 0) == [] and informative_cases([], 2) == []
+
+
+def test_a_structural_suite_replays_its_richest_short_cases_on_the_other_paths() -> None:
+    """Padding, packing and masked labels are a batch's structure, which a short case shows:
+    their checks replay no long row on the other paths while a shorter case of its kind exists."""
+    from maskcheck.harness.engine.registry import suite_names
+    from maskcheck.harness.engine.suite import informative_cases
+
+    short_left = PaddedCase(lengths=(3, 5), extra=1, side="left", seed=0)
+    long_left = PaddedCase(lengths=(150, 9, 4), extra=2, side="left", seed=0)
+    alone_left = PaddedCase(lengths=(1,), extra=1, side="left", seed=0)
+    long_right = PaddedCase(lengths=(200,), extra=1, side="right", seed=0)
+    cases = [alone_left, long_left, long_right, short_left]
+    assert informative_cases(cases, 2, longest=False) == [short_left, long_right]  # the right side has only a long case
+    assert informative_cases(cases, 3, longest=False) == [short_left, long_right, alone_left]
+    assert informative_cases(cases, 2) == [long_right, long_left]  # the causal and cache checks keep the long row
+    structural = suite_names(lambda suite: not suite.long_rows_on_paths)
+    assert set(structural) == {"padding", "packing", "loss_masking", "cross_attention"}

@@ -472,7 +472,9 @@ class PathChecks:
         canonical.paths = [{"path": own, "status": canonical.status, "cases": cases}]
         if not usable:
             return canonical
-        replayed = informative_cases([case for case, _ in evaluated], self.context.examples)
+        replayed = informative_cases(
+            [case for case, _ in evaluated], self.context.examples, longest=self.suite.long_rows_on_paths
+        )
         log_of = {id(case): log for case, log in evaluated}
         chosen = canonical
         for available in usable:

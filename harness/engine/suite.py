@@ -10,7 +10,9 @@ and reported with its outcome.
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -193,6 +195,14 @@ class Suite(abc.ABC):
     #: ``float32_twin`` path: the mask's structure at float32's thresholds), even where
     #: ``call_paths`` is False; False for a suite that compares weights, not outputs
     float32_twin: ClassVar[bool] = True
+    #: whether the other call paths replay each check's longest case (and then its richest
+    #: short ones), or its richest short cases only. A long row is what shows a path's
+    #: branch past a window or a position table, and one unpadded long row tests every
+    #: earlier position at once, which the causal and cache checks replay on every path;
+    #: False for a suite whose property is the batch's structure (padding, segments,
+    #: masked labels), which a short case shows on a path as well as a long one
+    #: (docs/performance.md: a long row per check and path was two fifths of an audit's tokens)
+    long_rows_on_paths: ClassVar[bool] = True
 
     @abc.abstractmethod
     def not_applicable(self, capabilities: Capabilities) -> str | None:
@@ -294,15 +304,17 @@ def replay_first(
     return result, evaluated, failure
 
 
-def informative_cases(cases: list, count: int) -> list:
+def informative_cases(cases: list, count: int, longest: bool = True) -> list:
     """Up to ``count`` of a check's evaluated ``cases`` that exercise it most for their cost.
 
-    First the largest case (by the sum of its integer fields: rows, lengths, padding): it
-    holds the longest row, and one forward at length L tests every earlier position. Then,
-    for each other combination of the case's text fields (the padding side ...), the case
-    with the most items in its list fields (rows, segments, chunks), the cheapest of those:
-    a bug on one call path shows where the path changes the batch, and the length is
-    already tested. Then the same order again, until ``count``."""
+    First, with ``longest``, the largest case (by the sum of its integer fields: rows,
+    lengths, padding): it holds the longest row, and one forward at length L tests every
+    earlier position; without it, the long cases of each kind stay out while it has
+    cases no larger than its median. Then, for each combination of the case's text fields (the padding
+    side ...) not chosen yet, the case with the most items in its list fields (rows,
+    segments, chunks), the cheapest of those: a bug on one call path shows where the path
+    changes the batch, and the length is already tested. Then the same order again, until
+    ``count``."""
     if count <= 0 or not cases:
         return []
 
@@ -315,8 +327,15 @@ def informative_cases(cases: list, count: int) -> list:
     def kind(case: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in _fields(case).items() if isinstance(v, str)))
 
-    chosen = [max(cases, key=size)]
-    structured = sorted(cases, key=lambda case: (-items(case), size(case)))
+    if longest:
+        chosen = [max(cases, key=size)]
+        structured = sorted(cases, key=lambda case: (-items(case), size(case)))
+    else:  # the richest of the cases no larger than their kind's median: the long rows stay out where short ones exist
+        chosen, sizes = [], collections.defaultdict(list)
+        for case in cases:
+            sizes[kind(case)].append(size(case))
+        median = {key: statistics.median_low(values) for key, values in sizes.items()}
+        structured = sorted(cases, key=lambda case: (size(case) > median[kind(case)], -items(case), size(case)))
     for case in structured:  # the richest, cheapest case of each other kind
         if len(chosen) < count and all(kind(case) != kind(other) for other in chosen):
             chosen.append(case)
