@@ -238,3 +238,36 @@ def test_the_scaling_benchmark_counts_each_context_and_estimates_each_size(monke
     assert int(short.split()[-2]) < int(long.split()[-2])  # tokens
     estimate = next(line for line in lines if line.strip().startswith("narrow"))
     assert float(estimate.split()[-1]) > 0
+
+
+def test_the_diagnosis_checks_draw_short_rows_while_the_other_checks_reach_the_cap() -> None:
+    """`positions_from_mask` (a position shift) and `packing/settings` (which inputs isolate)
+    measure what any length shows: no case of theirs holds a long row, while the checks
+    beside them, given the same model and profile, still draw one past the short lengths."""
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from maskcheck.harness.adapters.hf import HFAdapter
+    from maskcheck.harness.engine.registry import load_suite
+    from maskcheck.harness.engine.suite import RunContext
+    from maskcheck.harness.engine.tolerance import tolerance_for
+
+    adapter = HFAdapter(tiny_model("gpt2"))  # 64 positions; takes position ids; several packing settings
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"), examples=10, profile="ci")
+    search = settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+
+    def long_case(strategy, row_lengths, short):  # type: ignore[no-untyped-def]
+        """A drawn case whose longest row is past ``short``, or None when 300 draws hold none."""
+        try:
+            return find(strategy, lambda case: max(row_lengths(case)) > short, settings=search)
+        except NoSuchExample:
+            return None
+
+    for suite, diagnosis, row_lengths, short in (
+        ("padding", "positions_from_mask", lambda case: case.lengths, 12),
+        ("packing", "settings", lambda case: case.segment_lengths, 6),
+    ):
+        checks = {c.name: c for c in load_suite(suite).checks(adapter, context)}
+        assert long_case(checks[diagnosis].strategy, row_lengths, short) is None, diagnosis
+        beside = next(c for name, c in checks.items() if name != diagnosis)
+        assert long_case(beside.strategy, row_lengths, short) is not None, beside.name
