@@ -200,8 +200,8 @@ class Suite(abc.ABC):
     #: branch past a window or a position table, and one unpadded long row tests every
     #: earlier position at once, which the causal and cache checks replay on every path;
     #: False for a suite whose property is the batch's structure (padding, segments,
-    #: masked labels), which a short case shows on a path as well as a long one
-    #: (docs/performance.md: a long row per check and path was two fifths of an audit's tokens)
+    #: masked labels), which a short case shows on a path as well as a long one (a long
+    #: row per check and path would add a third to a ``ci`` audit's tokens: docs/performance.md)
     long_rows_on_paths: ClassVar[bool] = True
 
     @abc.abstractmethod
@@ -309,12 +309,11 @@ def informative_cases(cases: list, count: int, longest: bool = True) -> list:
 
     First, with ``longest``, the largest case (by the sum of its integer fields: rows,
     lengths, padding): it holds the longest row, and one forward at length L tests every
-    earlier position; without it, the long cases of each kind stay out while it has
-    cases no larger than its median. Then, for each combination of the case's text fields (the padding
-    side ...) not chosen yet, the case with the most items in its list fields (rows,
-    segments, chunks), the cheapest of those: a bug on one call path shows where the path
-    changes the batch, and the length is already tested. Then the same order again, until
-    ``count``."""
+    earlier position; without it, a kind's cases larger than its median come last. Then,
+    for each combination of the case's text fields (the padding side ...) not chosen yet,
+    the case with the most items in its list fields (rows, segments, chunks), the cheapest
+    of those: a bug on one call path shows where the path changes the batch, and the
+    length is already tested. Then the same order again, until ``count``."""
     if count <= 0 or not cases:
         return []
 
@@ -330,7 +329,7 @@ def informative_cases(cases: list, count: int, longest: bool = True) -> list:
     if longest:
         chosen = [max(cases, key=size)]
         structured = sorted(cases, key=lambda case: (-items(case), size(case)))
-    else:  # the richest of the cases no larger than their kind's median: the long rows stay out where short ones exist
+    else:  # a kind's long cases last: the richest short case of each kind is replayed
         chosen, sizes = [], collections.defaultdict(list)
         for case in cases:
             sizes[kind(case)].append(size(case))
