@@ -55,7 +55,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 from benchmark_models import COUNTED, MODELS, gpt2_shape, gpt2_small  # noqa: E402
-from versus_peer import audit_process, peer_run, print_versus_peer  # noqa: E402
+from versus_peer import audit_process, medians, peer_run, print_comparison, print_versus_peer  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
 from maskcheck.harness.adapters.specs import adapter_for  # noqa: E402
@@ -430,16 +430,7 @@ def measure(
         "ratio": audit_time / bare_time,
         "batching": recorded.environment.get("batching"),
         "unbatched": statistics.median(alone) if alone else None,
-        "peer": None
-        if not peers
-        else {
-            "wall": statistics.median(p[0] for p in peers),
-            "reported": statistics.median(p[1] for p in peers),
-            "summary": peers[-1][2],
-            "audit_wall": statistics.median(w[0] for w in wholes),
-            "audit_reported": statistics.median(w[1] for w in wholes),
-            "verdict": wholes[-1][2],
-        },
+        "versus_peer": medians(wholes, peers) if peers else None,
         "per_suite": per_suite,
         "breakdown": breakdown(model, profile) if with_breakdown else None,
     }
@@ -471,19 +462,8 @@ def print_measured(name: str, r: dict[str, Any], args: argparse.Namespace) -> No
         print(
             f"  the same audit with one case per forward (batch_cases=False): {r['unbatched']:.2f}s, {r['unbatched'] / r['audit']:.2f}x the batched audit's time"
         )
-    if r["peer"]:
-        p = r["peer"]
-        print(
-            f"  maskcheck audit as a whole process: {p['audit_wall']:.2f}s ({p['audit_reported']:.2f}s as it reports);"
-            f" {p['verdict']}"
-        )
-        print(
-            f"  pytest-torch zero-code run on the same model: {p['wall']:.2f}s with its process"
-            f" ({p['reported']:.2f}s as pytest reports it); {p['summary']}"
-        )
-        print(
-            f"  maskcheck audit / pytest-torch run, whole processes = {p['audit_wall'] / p['wall']:.2f}  (target < 1)"
-        )
+    if r["versus_peer"]:
+        print_comparison(r["versus_peer"])
     if r["breakdown"]:
         print(f"\n  where an instrumented audit's time goes, ms:\n  {'suite':<16} {'forwards':>9} {'the rest':>9}")
         for suite, seconds in r["breakdown"].items():

@@ -84,6 +84,12 @@ def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str
     for _ in range(repeats):
         peers.append(peer_run(peer, threads))
         audits.append(audit_process(profile, threads))
+    return medians(audits, peers)
+
+
+def medians(audits: list[tuple[float, float, str]], peers: list[tuple[float, float, str]]) -> dict[str, Any]:
+    """What :func:`audit_process` and :func:`peer_run` returned, run after run: the medians
+    of wall and reported seconds of each side, and the last run's verdict and summary lines."""
     return {
         "audit": {
             "wall": statistics.median(a[0] for a in audits),
@@ -98,17 +104,21 @@ def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str
     }
 
 
+def print_comparison(r: dict[str, Any]) -> None:
+    """The lines of :func:`medians`' result: each side, and the audit over the peer."""
+    a, p = r["audit"], r["peer"]
+    print(f"  maskcheck audit: {a['wall']:.2f}s with its process ({a['reported']:.2f}s as it reports); {a['verdict']}")
+    print(
+        f"  pytest-torch zero-code run on the same model: {p['wall']:.2f}s with its process "
+        f"({p['reported']:.2f}s as pytest reports it); {p['summary']}"
+    )
+    print(f"  maskcheck audit / pytest-torch run, whole processes = {a['wall'] / p['wall']:.2f}  (target < 1)")
+
+
 def print_versus_peer(args: argparse.Namespace) -> None:
     """``--peer-only``: the audit and the peer's zero-code run of gpt2-small, alternating."""
-    r = versus_peer(args.profile, args.repeats, args.peer, args.threads)
-    a, p = r["audit"], r["peer"]
     print(
         f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), "
         f"whole processes, median of {args.repeats}, alternating"
     )
-    print(f"  maskcheck audit: {a['wall']:.2f}s with its process ({a['reported']:.2f}s as it reports); {a['verdict']}")
-    print(
-        f"  pytest-torch zero-code run: {p['wall']:.2f}s with its process "
-        f"({p['reported']:.2f}s as pytest reports it); {p['summary']}"
-    )
-    print(f"  maskcheck audit / pytest-torch run, whole processes = {a['wall'] / p['wall']:.2f}  (target < 1)")
+    print_comparison(versus_peer(args.profile, args.repeats, args.peer, args.threads))
