@@ -64,13 +64,14 @@ def no_mask_for_one_query(mask: Tensor | None, q_len: int, k_len: int) -> Tensor
     return None if q_len == 1 < k_len else mask
 
 
-def tiny_hf(kind: str, attn_implementation: str) -> Any:
+def tiny_hf(kind: str, attn_implementation: str, context: int = 64) -> Any:
+    """A tiny GPT-2 or Llama with random weights, of ``context`` positions."""
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
     torch.manual_seed(0)
     if kind == "gpt2":
         config = GPT2Config(
-            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2
+            vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=context, bos_token_id=1, eos_token_id=2
         )
     else:
         config = LlamaConfig(
@@ -80,7 +81,7 @@ def tiny_hf(kind: str, attn_implementation: str) -> Any:
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=64,
+            max_position_embeddings=context,
             pad_token_id=0,
         )
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).eval()

@@ -29,7 +29,14 @@ from .hf_bugs import (
     tiny_hf,
     top_left_causal_on_cached_chunks,
 )
-from .path_bugs import BackwardLeakDecoder, FaintNextToken, WindowedEncoderDecoder, WindowedMHADecoder, bfloat16
+from .path_bugs import (
+    BackwardLeakDecoder,
+    FaintNextToken,
+    WindowedEncoderDecoder,
+    WindowedMHADecoder,
+    bfloat16,
+    llama_padding_backward_leak,
+)
 from .plain import SERVING_BUGS, StepReadsPadding, plain_decoder
 from .reference_bugs import (
     DECODER,
@@ -302,6 +309,14 @@ MUTANTS: dict[str, Mutant] = {
             _doc(BackwardLeakDecoder),
             BackwardLeakDecoder,
             ScratchDecoder,
+        ),
+        Mutant(
+            "hf_llama_left_padding_backward_leak",
+            "padding",
+            "padded_gradients",
+            _doc(llama_padding_backward_leak),
+            llama_padding_backward_leak,
+            lambda: tiny_hf("llama", "sdpa", 1024),
         ),
         Mutant(
             "hf_llama_mask_dropped_default_cache",

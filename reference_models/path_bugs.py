@@ -13,6 +13,10 @@ Each is what a user could write with stock PyTorch, and each is exact under
 - :class:`BackwardLeakDecoder`: the scratch decoder with a custom autograd function on its
   embeddings that is the identity forward and carries each position's gradient into the
   next position's embedding backward.
+- :func:`llama_padding_backward_leak`: a tiny Hugging Face Llama whose first layer's input
+  goes through the identity forward that carries each position's gradient into the
+  previous position backward: the forward isolates padded slots exactly, and only a
+  left-padded row's backward reaches its padding (the slot before the first real token).
 
 ``maskcheck_capabilities`` declares what each model promises; nothing else of maskcheck is
 imported.
@@ -154,6 +158,35 @@ class NextPositionGradient(torch.autograd.Function):
         leaked = grad.clone()
         leaked[:, 1:] += 0.5 * grad[:, :-1]
         return leaked
+
+
+class PreviousPositionGradient(torch.autograd.Function):
+    """The identity forward; backward, each position's gradient also flows into the previous
+    position's input: a causal dependency, but the slot before a row's first real token is
+    a left-padded one, which a real output then reaches."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # x [B, T, C]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # grad [B, T, C]
+        leaked = grad.clone()
+        leaked[:, :-1] += 0.5 * grad[:, 1:]
+        return leaked
+
+
+def llama_padding_backward_leak(context: int = 1024) -> Any:
+    """A tiny Llama of 1024 positions, exact forward, whose backward carries gradient from each
+    position into the one before it: into the padding of a left-padded row, never of a
+    right-padded one."""
+    from .hf_bugs import tiny_hf
+
+    model = tiny_hf("llama", "sdpa", context)
+    model.model.layers[0].register_forward_pre_hook(
+        lambda _layer, args: (PreviousPositionGradient.apply(args[0]), *args[1:])
+    )
+    return model
 
 
 class BackwardLeakDecoder(ScratchDecoder):

@@ -12,6 +12,7 @@ from maskcheck import audit
 from maskcheck.harness.adapters.specs import LoadOptions, load_adapter
 from maskcheck.harness.audits.costs import kv_formula, profile, tensor_bytes
 from maskcheck.harness.cli import main
+from maskcheck.harness.engine.cases import GRADIENT_CASES
 from maskcheck.reference_models.hf_tiny import tiny_model
 
 
@@ -129,7 +130,7 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
     assert recorded == plain and torch.autograd.grad is grad
     assert recorder.calls and all(call.module is model for call in recorder.calls)
     backward = [call for call in recorder.calls if call.backward]
-    assert len(backward) == 5 and all(call.grad and call.training for call in backward)  # GRADIENT_CASES
+    assert len(backward) == GRADIENT_CASES and all(call.grad and call.training for call in backward)
     assert any(call.grad and not call.backward for call in recorder.calls)  # the training path's forwards
     dropout = next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert sum(replay(recorder.calls).values()) > 0

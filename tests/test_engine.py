@@ -262,3 +262,48 @@ def test_a_structural_suite_replays_its_richest_short_cases_on_the_other_paths()
     assert informative_cases(cases, 2) == [long_right, long_left]  # the causal and cache checks keep the long row
     structural = suite_names(lambda suite: not suite.long_rows_on_paths)
     assert set(structural) == {"padding", "packing", "loss_masking", "cross_attention"}
+
+
+class TwoChecks(engine.Suite):
+    """A suite of a forward check and a costly check that replays its cases (a gradient check)."""
+
+    name, summary = "two_checks", "a forward check and a replaying one"
+
+    def __init__(self, checks: list[Check]) -> None:
+        self.planned = checks
+
+    def not_applicable(self, capabilities: Any) -> None:
+        return None
+
+    def checks(self, adapter: Any, context: RunContext) -> list[Check]:
+        return self.planned
+
+
+@pytest.mark.parametrize("leaks_left", [False, True])
+def test_a_replaying_check_evaluates_the_forward_checks_most_informative_cases_and_shrinks_a_failure_there(
+    leaks_left: bool,
+) -> None:
+    """A gradient check evaluates the longest case the forward check beside it evaluated and
+    the richest of the other padding side, not draws of its own, which can all be
+    right-padded; a failure among them is found again in the forward check's draws and shrunk."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from maskcheck.harness.audits.runner import run_suite
+    from maskcheck.harness.engine.suite import informative_cases
+
+    strategy = padded_cases(12, longest=60)
+    forward, forward_seen = recording(strategy)
+    backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
+    backward = replace(backward, name="backward", max_examples=5, replays=3)
+    context = replace(ci_context(), examples=10, path_examples=0)
+    result = run_suite(TwoChecks([forward, backward]), SimpleNamespace(capabilities=None), context)
+    replayed = informative_cases(list(dict.fromkeys(forward_seen)), 3)
+    assert {case.side for case in replayed} == {"left", "right"}
+    assert max(max(case.lengths) for case in replayed) > 12  # the long row the forward check drew
+    checked = {check.name: check for check in result.checks}
+    if not leaks_left:
+        assert backward_seen == replayed and checked["backward"].status == "pass"
+    else:
+        assert checked["backward"].status == "fail"
+        assert checked["backward"].case == {"lengths": (1,), "extra": 1, "side": "left", "seed": 0}

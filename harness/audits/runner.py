@@ -359,6 +359,8 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         return result
     failures: list[FailedCheck] = []
     paths = PathChecks(suite, adapter, context)
+    # id(strategy) -> the suite's first check of it that passed, and every case it drew, with their logs
+    drawn_by: dict[int, tuple[Check, list]] = {}
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
@@ -369,7 +371,19 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         else:
             evaluated: list = []
             before = result.cases
-            checked = _run_one(check, context, result, failures, suite.name, evaluated=evaluated)
+            replayed = _replayed(check, drawn_by.get(id(check.strategy)))
+            checked = _run_one(
+                replayed[0] if replayed else check,
+                # the draws that find and shrink a failing replayed case are not the strategy's shared ones
+                replace(context, drawn={}) if replayed else context,
+                result,
+                failures,
+                suite.name,
+                replayed=replayed[1] if replayed else None,
+                evaluated=evaluated,
+            )
+            if not replayed and checked.status in ("pass", "warn"):  # a failure stops before its draws are done
+                drawn_by.setdefault(id(check.strategy), (check, evaluated))
             result.checks.append(paths.run(check, checked, result.cases - before, evaluated, result, failures))
     suite.conclude(result.checks)
     final = {check.name: check.message for check in result.checks}
@@ -385,6 +399,18 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         result.picture = _draw(suite, adapter, context, failed=result.status == "fail")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _replayed(check: Check, drawn: tuple[Check, list] | None) -> tuple[Check, list] | None:
+    """For a check that replays (``Check.replays``): the check to run and the cases it
+    evaluates, the most informative of those drawn by its suite's first check of the same
+    strategy that passed; None for a check that draws its own (no such check passed). It runs
+    with that check's count of examples, so a replayed case that fails is found again among
+    the same draws and shrunk."""
+    if check.replays is None or drawn is None:
+        return None
+    first, evaluated = drawn
+    return replace(check, max_examples=first.max_examples), informative_cases([c for c, _ in evaluated], check.replays)
 
 
 def _bundle(suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]) -> str | None:
@@ -546,7 +572,7 @@ def _run_one(
         if decided is not None:
             check_result, cases, failure = decided
         elif replayed:
-            check_result, cases, failure = replay_first(check, context, replayed, shrink_examples)
+            check_result, cases, failure = replay_first(check, context, replayed, shrink_examples, seen=evaluated)
         else:
             check_result, cases, failure, seen = run_check_keeping_cases(check, context)
             if evaluated is not None:

@@ -186,12 +186,23 @@ def gradient_check(adapter: Adapter, name: str, evaluate: Callable[[Any], Outcom
     if adapter.embedding_module() is None:
         reason = "the model has no nn.Embedding whose output can be differentiated (name one in maskcheck_embedding)"
         return CheckResult(name, "not_applicable", reason)
-    return Check(name, evaluate, cases, max_examples=GRADIENT_CASES, on_paths=False, path=TRAINING_BACKWARD.name)
+    return Check(
+        name,
+        evaluate,
+        cases,
+        max_examples=GRADIENT_CASES,
+        on_paths=False,
+        path=TRAINING_BACKWARD.name,
+        replays=GRADIENT_CASES,
+    )
 
 
-#: Cases a gradient check draws: each is a forward and a backward, and a masked gradient is
-#: exactly zero or not, so a few cases of the drawn structure (padding side, lengths) suffice.
-GRADIENT_CASES = 5
+#: Cases a gradient check evaluates: each is a forward and a backward, and a masked gradient
+#: is exactly zero or not, so a few cases suffice when they hold the structure the forward
+#: checks drew (the longest row, each padding side). They are the forward check's most
+#: informative cases (``Check.replays``), not draws of their own: five draws of their own can
+#: all be right-padded, which shows no leak of a model that ignores its mask.
+GRADIENT_CASES = 3
 
 
 def gradient_outcome(

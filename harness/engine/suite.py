@@ -129,6 +129,10 @@ class Check:
     # hooks, makes no model call, or fixes its own path): it runs once, on ``path``.
     on_paths: bool = True
     path: str = "canonical"  # the path it runs on when ``on_paths`` is False (harness/adapters/paths.py)
+    # For a costly check (a backward): evaluate this many of the cases the suite's first check
+    # of the same strategy evaluated, the most informative first (:func:`informative_cases`),
+    # instead of drawing its own; it draws ``max_examples`` of its own only where there are none.
+    replays: int | None = None
 
     def outcome(self, case: Any) -> Outcome:
         """The outcome of one case, each forward it asks for run on its own."""
@@ -283,7 +287,7 @@ def run_check_keeping_cases(
 
 
 def replay_first(
-    check: Check, context: RunContext, cases: list, shrink_examples: int | None = None
+    check: Check, context: RunContext, cases: list, shrink_examples: int | None = None, seen: list | None = None
 ) -> tuple[CheckResult, int, CaseFailed | None]:
     """:func:`run_check` on ``cases`` instead of drawn ones: they are evaluated in plain
     Python, and one that fails is shrunk by Hypothesis as a replayed case is (:class:`CheckRun`).
@@ -291,10 +295,15 @@ def replay_first(
     Hypothesis shrinks only what its own search finds, and a search of ``context.examples``
     cases (a call path's share) may miss a failure a replayed case showed; then, with
     ``shrink_examples`` larger, the check searches again with that many (the canonical
-    run's count, which drew the replayed cases), so the failure is reported shrunk."""
+    run's count, which drew the replayed cases), so the failure is reported shrunk.
+    ``seen`` receives the distinct cases the replay evaluated, each with the log of its
+    model calls, as :func:`run_check_keeping_cases` returns them."""
     run = CheckRun(check, context)
     context.drawn[(id(check.strategy), run.examples, run.per_example)] = DrawnCases(check.strategy, [list(cases)])
+    run.planned = len(cases)
     result, evaluated, failure = run.run()
+    if seen is not None:
+        seen.extend((run.cases[key], run.calls[key]) for key in run.memo)
     if failure is not None and run.unshrunk and shrink_examples and shrink_examples > context.examples:
         wider = CheckRun(check, replace(context, examples=shrink_examples))
         shrunk, more, found = wider.run()
@@ -518,7 +527,8 @@ class CheckRun:
     def record(self, case: Any, outcome: Outcome) -> None:
         self.evaluated += 1
         if self.context.on_case is not None:
-            self.context.on_case(self.check.name, self.evaluated, self.planned)
+            # a failure's shrinking evaluates cases past the plan
+            self.context.on_case(self.check.name, self.evaluated, max(self.planned, self.evaluated))
         rank = (SEVERITY[outcome.status], outcome.ratio)
         if self.worst is None or rank > self.worst[0]:
             self.worst = (rank, case, outcome)
