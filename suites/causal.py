@@ -81,8 +81,11 @@ def _future_case(
         cut = length - 2 - draw(_zero_to(min(short, length - 2)))
     else:
         cut = draw(_zero_to(length - 2))
+    batch = draw(_BATCHES)  # drawn either way, so a long length shrunk to a short one keeps the choices after it
     return FutureCase(
-        batch=draw(_BATCHES),
+        # One long row: it tests every position it has at once, and more rows of the same
+        # length would test the same positions again (the short cases have up to three).
+        batch=1 if length > short else batch,
         length=length,
         cut=cut,
         suffix=draw(_BOOLEANS),

@@ -272,3 +272,20 @@ def test_the_diagnosis_checks_draw_short_rows_while_the_other_checks_reach_the_c
         assert long_case(checks[diagnosis].strategy, row_lengths, short) is None, diagnosis
         beside = next(c for name, c in checks.items() if name != diagnosis)
         assert long_case(beside.strategy, row_lengths, short) is not None, beside.name
+
+
+def test_a_long_future_case_is_one_row_while_short_ones_have_up_to_three() -> None:
+    """`future_tokens`' long row tests every position it has at once; more rows of the same
+    length would test the same positions again at the price of their tokens (three times
+    over, with the call paths that replay it). Short cases keep up to three rows."""
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from maskcheck.suites.causal import future_cases
+
+    search = settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+    cases = future_cases(12, encoder_decoder=False, takes_mask=True, longest=250)
+    assert find(cases, lambda case: case.length <= 12 and case.batch == 3, settings=search)
+    assert find(cases, lambda case: case.length > 12, settings=search).batch == 1
+    with pytest.raises(NoSuchExample):
+        find(cases, lambda case: case.length > 12 and case.batch > 1, settings=search)
