@@ -100,3 +100,25 @@ def test_a_masked_lm_says_why_it_has_no_variants() -> None:
         check.message
         == "the adapter cannot rebuild the weights under another variant (reference models and Hugging Face causal LMs can)"
     )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2"])
+def test_a_variant_is_built_without_drawing_its_random_init_and_computes_with_the_weights_given(
+    model_type: str,
+) -> None:
+    """Every weight of a variant is loaded over its initialisation, so none is drawn (it cost
+    more than the rest of a variant on a 124M model): the global generator does not move.
+    Buffers the weights do not hold (rotary frequencies, Gemma's embedding scale) are still
+    computed, so the same class rebuilt this way gives the model's logits exactly."""
+    import copy
+
+    from maskcheck.harness.adapters.hf_variants import _rebuild
+    from maskcheck.reference_models.hf_tiny import shrunk_model
+
+    model = shrunk_model(model_type, "causal-lm").eval()
+    generator = torch.get_rng_state()
+    rebuilt = _rebuild(type(model), copy.deepcopy(model.config), model.state_dict(), model)
+    assert rebuilt is not None and torch.equal(torch.get_rng_state(), generator)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.inference_mode():
+        assert torch.equal(rebuilt(input_ids=ids).logits, model(input_ids=ids).logits)

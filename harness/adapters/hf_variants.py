@@ -136,7 +136,11 @@ def under_class(model: Any, model_type: str, state: dict[str, Any] | None = None
 def _rebuild(build: Any, config: Any, state: dict[str, Any], like: Any) -> Any:
     """A model of ``build(config)`` holding ``state``'s tensors, or None when they do not fit it
     exactly. Shapes are compared on the meta device first: a sibling whose defaults make it
-    larger (a composite config's full-size text model, say) is never allocated."""
+    larger (a composite config's full-size text model, say) is never allocated. The model is
+    built without its random initialisation (``no_init_weights``), which every weight loaded
+    next replaces: drawing it cost more than the rest of the variant (2.9 s of 124M
+    parameters on one core). Buffers the weights do not hold (rotary frequencies, embedding
+    scales) are computed at construction, as without it."""
     try:
         with torch.device("meta"):
             shapes = {name: tuple(t.shape) for name, t in build(config).state_dict().items()}
@@ -144,9 +148,11 @@ def _rebuild(build: Any, config: Any, state: dict[str, Any], like: Any) -> Any:
         return None
     if shapes != {name: tuple(t.shape) for name, t in state.items()}:
         return None
+    from transformers.initialization import no_init_weights
+
     parameter = next(like.parameters())
     try:
-        with torch.device(parameter.device):
+        with torch.device(parameter.device), no_init_weights():
             model = build(config).to(parameter.dtype)
         model.load_state_dict(state, strict=True, assign=True)
         model.eval()
