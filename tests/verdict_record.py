@@ -64,8 +64,8 @@ def record(label: str, batch_cases: bool = True) -> dict[str, dict[str, dict[str
     if isinstance(model, tuple):
         model = HFAdapter(tiny_model(*model))
     evaluated: dict[str, set[str]] = {}
-    # The batching gate runs its check through run_check, the suites through _run_one: both are seen.
-    originals = {"run_check": runner.run_check, "_run_one": runner._run_one}
+    # The batching gate runs its check through run_check_keeping_cases, the suites through _run_one: both are seen.
+    originals = {"run_check_keeping_cases": runner.run_check_keeping_cases, "_run_one": runner._run_one}
 
     def recording(name: str) -> Any:
         def run(check: Any, context: Any, *args: Any, **kwargs: Any) -> Any:

@@ -35,7 +35,6 @@ from ..engine.suite import (
     RunContext,
     informative_cases,
     replay_first,
-    run_check,
     run_check_keeping_cases,
 )
 from ..engine.tolerance import measure_reference_error, tolerance_for
@@ -298,9 +297,10 @@ def batching_gate(
         c for c in suite.checks(adapter, context) if isinstance(c, Check) and c.name == gate_suite.batching_gate
     )
     try:
-        outcome = run_check(check, context)
+        # its cases are kept for the call paths, which replay them as they replay any check's
+        outcome = run_check_keeping_cases(check, context)
     except Exception as exc:
-        outcome = (CheckResult(check.name, "error", _describe(exc)), 0, None)
+        outcome = (CheckResult(check.name, "error", _describe(exc)), 0, None, [])
     status = outcome[0].status
     decided = {(gate_suite.name, check.name): outcome}
     if status == "pass":
@@ -491,7 +491,7 @@ class PathChecks:
         cases that exercise the check most (``informative_cases``), except those whose every
         call the path leaves as the canonical path made it: their outcome there is the
         canonical one, and the path's entry counts them as ``same_calls``. With no case to
-        replay (a check decided earlier), a path draws its own."""
+        replay (the canonical run evaluated none), a path draws its own."""
         # A check the call path cannot change (check.on_paths False) still runs on the float32 twin.
         usable = [a for a in self.available if check.on_paths or a.path.twin]
         own = CANONICAL.name if check.on_paths else check.path
@@ -570,7 +570,9 @@ def _run_one(
     try:
         decided = context.decided.get((suite, check.name))
         if decided is not None:
-            check_result, cases, failure = decided
+            check_result, cases, failure, seen = decided
+            if evaluated is not None:
+                evaluated.extend(seen)
         elif replayed:
             check_result, cases, failure = replay_first(check, context, replayed, shrink_examples, seen=evaluated)
         else:

@@ -50,7 +50,7 @@ class RunContext:
     # Cases of one example share forwards (harness/engine/batching.py); the runner sets it once the
     # model's rows were shown not to read each other.
     batch_cases: bool = False
-    # (suite, check) -> run_check's answer, for a check run before its suite (the batching gate)
+    # (suite, check) -> run_check_keeping_cases's answer, for a check run before its suite (the batching gate)
     decided: dict[tuple[str, str], tuple] = field(default_factory=dict)
     # The call paths checks also run on besides the canonical one (harness/adapters/paths.py),
     # by name; None: every path the model can take. Each runs ``path_examples`` cases a check.
