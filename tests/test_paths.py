@@ -148,6 +148,27 @@ def test_a_path_that_would_make_the_canonical_calls_again_replays_nothing() -> N
     assert "mask_of_ones PASS 0+2 same" in paths_text(check)
 
 
+def test_the_paths_replay_the_batching_gates_cases_as_any_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate (padding/batch_composition) runs before the suites, and its result stands in
+    the padding suite; its evaluated cases stand there too, so the call paths replay the most
+    informative of them, not draws of their own: Hypothesis searches for it once."""
+    from maskcheck.harness.engine import suite as engine
+
+    searched: list[str] = []
+    search = engine.CheckRun.search
+
+    def recording(run: engine.CheckRun) -> None:
+        searched.append(run.check.name)
+        search(run)
+
+    monkeypatch.setattr(engine.CheckRun, "search", recording)
+    check = check_of(audit("ref:tiny-decoder", ["padding"]), "padding", "batch_composition")
+    runs = {run["path"]: run for run in check.paths}
+    assert searched.count("batch_composition") == 1, searched
+    replayed = runs["mask_of_ones"]["cases"] + runs["mask_of_ones"].get("same_calls", 0)
+    assert runs["training"]["cases"] == 2 and replayed == 2, runs
+
+
 def test_a_call_differs_on_a_path_only_where_the_path_changes_its_arguments() -> None:
     """What decides whether a replayed case runs on a path: ``mask_of_ones`` changes a call
     without a mask, or with a mask of another dtype, and no call whose mask is ones already;
