@@ -190,19 +190,28 @@ def training_forward(model: Any) -> Iterator[None]:
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     modes = [(module, module.training) for module in modules]
     dropouts = [(module, module.p) for module in modules if isinstance(module, torch.nn.modules.dropout._DropoutNd)]
-    buffers = [(buffer, buffer.detach().clone()) for module in modules for buffer in module.buffers(recurse=False)]
+    # Each module's own buffers, read from its registry: a generator per module cost more
+    # than the forward of a tiny model, and this runs on every training-path call.
+    buffers = [
+        (buffer, buffer.detach().clone())
+        for module in modules
+        for buffer in module._buffers.values()
+        if buffer is not None
+    ]
     try:
         for module, _ in dropouts:
             module.p = 0.0
         if modules:
-            model.train()
+            model.train()  # the model's own train(), which a model may override
         with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
         for module, p in dropouts:
             module.p = p
         for module, mode in modes:
-            module.training = mode
+            # a plain attribute: Module.__setattr__'s checks for parameters, buffers and
+            # submodules cost about 3 microseconds a module, on every training-path call
+            object.__setattr__(module, "training", mode)
         with torch.no_grad():
             for buffer, saved in buffers:
                 if not torch.equal(buffer, saved):
