@@ -307,3 +307,16 @@ def test_a_replaying_check_evaluates_the_forward_checks_most_informative_cases_a
     else:
         assert checked["backward"].status == "fail"
         assert checked["backward"].case == {"lengths": (1,), "extra": 1, "side": "left", "seed": 0}
+
+
+def test_cases_that_differ_only_in_their_token_ids_are_replayed_once() -> None:
+    """Another seed calls the model with the same shapes, padding and positions, which is
+    what a call path or a backward changes: such a case is replayed once, even when fewer
+    than the count asked for come back."""
+    from maskcheck.harness.engine.suite import informative_cases
+
+    first = PaddedCase(lengths=(5,), extra=1, side="left", seed=0)
+    again = PaddedCase(lengths=(5,), extra=1, side="left", seed=7)
+    other = PaddedCase(lengths=(5,), extra=2, side="left", seed=7)
+    assert informative_cases([first, again], 2) == [first]
+    assert informative_cases([first, again, other], 2) == [other, first]

@@ -322,7 +322,10 @@ def informative_cases(cases: list, count: int, longest: bool = True) -> list:
     for each combination of the case's text fields (the padding side ...) not chosen yet,
     the case with the most items in its list fields (rows, segments, chunks), the cheapest
     of those: a bug on one call path shows where the path changes the batch, and the
-    length is already tested. Then the same order again, until ``count``."""
+    length is already tested. Then the same order again, until ``count``. A case that
+    differs from a chosen one only in its seed (the token ids) is never chosen: it calls
+    the model with the same shapes, padding and positions, which is what a path or a
+    backward changes, so fewer than ``count`` cases may come back."""
     if count <= 0 or not cases:
         return []
 
@@ -334,6 +337,9 @@ def informative_cases(cases: list, count: int, longest: bool = True) -> list:
 
     def kind(case: Any) -> tuple:
         return tuple(sorted((k, v) for k, v in _fields(case).items() if isinstance(v, str)))
+
+    def structure(case: Any) -> tuple:
+        return tuple((k, v) for k, v in _fields(case).items() if k != "seed")
 
     if longest:
         chosen = [max(cases, key=size)]
@@ -348,7 +354,7 @@ def informative_cases(cases: list, count: int, longest: bool = True) -> list:
         if len(chosen) < count and all(kind(case) != kind(other) for other in chosen):
             chosen.append(case)
     for case in structured:  # then the richest left
-        if len(chosen) < count and case not in chosen:
+        if len(chosen) < count and all(structure(case) != structure(other) for other in chosen):
             chosen.append(case)
     return chosen
 
