@@ -320,3 +320,29 @@ def test_cases_that_differ_only_in_their_token_ids_are_replayed_once() -> None:
     other = PaddedCase(lengths=(5,), extra=2, side="left", seed=7)
     assert informative_cases([first, again], 2) == [first]
     assert informative_cases([first, again, other], 2) == [other, first]
+
+
+@pytest.mark.parametrize("leaks_left", [False, True])
+def test_where_every_forward_check_failed_a_replaying_check_searches_their_draws_itself(leaks_left: bool) -> None:
+    """A failing forward check stops before its draws are done, so there is nothing to
+    replay: the gradient check searches the same draws itself (its first check's count of
+    examples, all of them while it passes), not a few of its own, and a left-padding leak
+    is found and shrunk there."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from maskcheck.harness.audits.runner import run_suite
+
+    strategy = padded_cases(12, longest=60)
+    forward, _ = recording(strategy, fails=lambda case: True)
+    backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
+    backward = replace(backward, name="backward", max_examples=5, replays=3)
+    context = replace(ci_context(), examples=10, path_examples=0)
+    result = run_suite(TwoChecks([forward, backward]), SimpleNamespace(capabilities=None), context)
+    checked = {check.name: check for check in result.checks}
+    assert checked["recording"].status == "fail"
+    if not leaks_left:
+        assert checked["backward"].status == "pass" and len(set(backward_seen)) == 11  # the minimal case and 10
+    else:
+        assert checked["backward"].status == "fail"
+        assert checked["backward"].case == {"lengths": (1,), "extra": 1, "side": "left", "seed": 0}

@@ -359,8 +359,9 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         return result
     failures: list[FailedCheck] = []
     paths = PathChecks(suite, adapter, context)
-    # id(strategy) -> the suite's first check of it that passed, and every case it drew, with their logs
-    drawn_by: dict[int, tuple[Check, list]] = {}
+    # id(strategy) -> the suite's first check of it, and every case that check drew (with
+    # their logs) once a check of it passed: a failure stops before its draws are done
+    drawn_by: dict[int, tuple[Check, list | None]] = {}
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
@@ -371,19 +372,23 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         else:
             evaluated: list = []
             before = result.cases
-            replayed = _replayed(check, drawn_by.get(id(check.strategy)))
+            replaying = _replaying(check, drawn_by.get(id(check.strategy)))
             checked = _run_one(
-                replayed[0] if replayed else check,
-                # the draws that find and shrink a failing replayed case are not the strategy's shared ones
-                replace(context, drawn={}) if replayed else context,
+                replaying[0] if replaying else check,
+                # its own searches (to shrink a replayed failure) keep their draws to themselves
+                replace(context, drawn={}) if replaying else context,
                 result,
                 failures,
                 suite.name,
-                replayed=replayed[1] if replayed else None,
+                replayed=replaying[1] if replaying else None,
                 evaluated=evaluated,
             )
-            if not replayed and checked.status in ("pass", "warn"):  # a failure stops before its draws are done
-                drawn_by.setdefault(id(check.strategy), (check, evaluated))
+            if not replaying:
+                first, drawn = drawn_by.get(id(check.strategy), (check, None))
+                drawn_by[id(check.strategy)] = (
+                    first,
+                    drawn or (evaluated if checked.status in ("pass", "warn") else None),
+                )
             result.checks.append(paths.run(check, checked, result.cases - before, evaluated, result, failures))
     suite.conclude(result.checks)
     final = {check.name: check.message for check in result.checks}
@@ -401,16 +406,19 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     return result
 
 
-def _replayed(check: Check, drawn: tuple[Check, list] | None) -> tuple[Check, list] | None:
-    """For a check that replays (``Check.replays``): the check to run and the cases it
-    evaluates, the most informative of those drawn by its suite's first check of the same
-    strategy that passed; None for a check that draws its own (no such check passed). It runs
-    with that check's count of examples, so a replayed case that fails is found again among
-    the same draws and shrunk."""
+def _replaying(check: Check, drawn: tuple[Check, list | None] | None) -> tuple[Check, list | None] | None:
+    """For a check that replays (``Check.replays``) after its suite's first check of the same
+    strategy: the check to run, with that first check's count of examples, and the cases it
+    evaluates, the most informative of those drawn once a check of the strategy passed. With
+    that count, a replayed case that fails is found again among the same draws and shrunk;
+    and where every check of the strategy failed (their draws were cut short), the cases are
+    None: the check searches those same draws itself, stopping at its first failure. None
+    for a check that draws its own (``max_examples``), with no check of its strategy before it."""
     if check.replays is None or drawn is None:
         return None
     first, evaluated = drawn
-    return replace(check, max_examples=first.max_examples), informative_cases([c for c, _ in evaluated], check.replays)
+    cases = None if evaluated is None else informative_cases([c for c, _ in evaluated], check.replays)
+    return replace(check, max_examples=first.max_examples), cases
 
 
 def _bundle(suite: Any, adapter: Adapter, context: RunContext, failures: list[FailedCheck]) -> str | None:

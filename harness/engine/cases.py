@@ -201,7 +201,8 @@ def gradient_check(adapter: Adapter, name: str, evaluate: Callable[[Any], Outcom
 #: is exactly zero or not, so a few cases suffice when they hold the structure the forward
 #: checks drew (the longest row, each padding side). They are the forward check's most
 #: informative cases (``Check.replays``), not draws of their own: five draws of their own can
-#: all be right-padded, which shows no leak of a model that ignores its mask.
+#: all be right-padded, which shows no leak of a model that ignores its mask. Where every
+#: forward check failed, it searches their draws itself (harness/audits/runner.py).
 GRADIENT_CASES = 3
 
 

@@ -129,9 +129,10 @@ class Check:
     # hooks, makes no model call, or fixes its own path): it runs once, on ``path``.
     on_paths: bool = True
     path: str = "canonical"  # the path it runs on when ``on_paths`` is False (harness/adapters/paths.py)
-    # For a costly check (a backward): evaluate this many of the cases the suite's first check
-    # of the same strategy evaluated, the most informative first (:func:`informative_cases`),
-    # instead of drawing its own; it draws ``max_examples`` of its own only where there are none.
+    # For a costly check (a backward): evaluate this many of the cases drawn by the suite's
+    # checks of the same strategy before it, the most informative first (:func:`informative_cases`),
+    # instead of drawing its own (harness/audits/runner.py: ``_replaying``); it draws
+    # ``max_examples`` of its own only where no check of its strategy ran before it.
     replays: int | None = None
 
     def outcome(self, case: Any) -> Outcome:
