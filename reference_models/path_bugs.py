@@ -145,35 +145,26 @@ def bfloat16(model: nn.Module) -> nn.Module:
     return model.to(torch.bfloat16).eval()
 
 
-class NextPositionGradient(torch.autograd.Function):
-    """The identity forward; backward, each position's gradient also flows into the next
-    position's input: the loss at t reaches the embedding at t + 1 (the future)."""
+class ShiftedGradient(torch.autograd.Function):
+    """The identity forward; backward, each position's gradient also flows into the input
+    ``shift`` positions away: +1 into the next position (the loss at t reaches the
+    embedding at t + 1, the future), -1 into the previous one (a causal dependency, but the
+    slot before a row's first real token is a left-padded one, which a real output then
+    reaches)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # x [B, T, C]
+    def forward(ctx: Any, x: Tensor, shift: int) -> Tensor:  # x [B, T, C]
+        ctx.shift = shift
         return x.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # grad [B, T, C]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # grad [B, T, C]
         leaked = grad.clone()
-        leaked[:, 1:] += 0.5 * grad[:, :-1]
-        return leaked
-
-
-class PreviousPositionGradient(torch.autograd.Function):
-    """The identity forward; backward, each position's gradient also flows into the previous
-    position's input: a causal dependency, but the slot before a row's first real token is
-    a left-padded one, which a real output then reaches."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # x [B, T, C]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # grad [B, T, C]
-        leaked = grad.clone()
-        leaked[:, :-1] += 0.5 * grad[:, 1:]
-        return leaked
+        if ctx.shift > 0:
+            leaked[:, ctx.shift :] += 0.5 * grad[:, : -ctx.shift]
+        else:
+            leaked[:, : ctx.shift] += 0.5 * grad[:, -ctx.shift :]
+        return leaked, None
 
 
 def llama_padding_backward_leak(context: int = 1024) -> Any:
@@ -184,7 +175,7 @@ def llama_padding_backward_leak(context: int = 1024) -> Any:
 
     model = tiny_hf("llama", "sdpa", context)
     model.model.layers[0].register_forward_pre_hook(
-        lambda _layer, args: (PreviousPositionGradient.apply(args[0]), *args[1:])
+        lambda _layer, args: (ShiftedGradient.apply(args[0], -1), *args[1:])
     )
     return model
 
@@ -194,4 +185,4 @@ class BackwardLeakDecoder(ScratchDecoder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.blocks[0].register_forward_pre_hook(lambda _block, args: (NextPositionGradient.apply(args[0]), *args[1:]))
+        self.blocks[0].register_forward_pre_hook(lambda _block, args: (ShiftedGradient.apply(args[0], 1), *args[1:]))
