@@ -147,9 +147,9 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
     from maskcheck.reference_models import PRESETS, Transformer
 
     model = Transformer(PRESETS["tiny-decoder"]).eval()
-    forward, run_check = Transformer.forward, runner.run_check_keeping_cases
+    forward, run_check_keeping_cases = Transformer.forward, runner.run_check_keeping_cases
     split = breakdown(model, "dev")
-    assert (Transformer.forward, runner.run_check_keeping_cases) == (forward, run_check)
+    assert (Transformer.forward, runner.run_check_keeping_cases) == (forward, run_check_keeping_cases)
     # "(gate)": padding/batch_composition, run before the suites to decide whether cases share forwards
     assert set(split) == {
         "(gate)",

@@ -359,9 +359,10 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         return result
     failures: list[FailedCheck] = []
     paths = PathChecks(suite, adapter, context)
-    # id(strategy) -> the suite's first check of it, and every case that check drew (with
-    # their logs) once a check of it passed: a failure stops before its draws are done
-    drawn_by: dict[int, tuple[Check, list | None]] = {}
+    # by id(strategy): the suite's first check of it, and every case drawn (with their logs)
+    # by the first check of it that passed; a failure stops before its draws are done
+    first_of: dict[int, Check] = {}
+    drawn_by: dict[int, list] = {}
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(check)
@@ -372,10 +373,11 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
         else:
             evaluated: list = []
             before = result.cases
-            replaying = _replaying(check, drawn_by.get(id(check.strategy)))
+            strategy = id(check.strategy)
+            replaying = _replaying(check, first_of.get(strategy), drawn_by.get(strategy))
             checked = _run_one(
                 replaying[0] if replaying else check,
-                # its own searches (to shrink a replayed failure) keep their draws to themselves
+                # its search, where it has no case to replay, keeps its draws to itself
                 replace(context, drawn={}) if replaying else context,
                 result,
                 failures,
@@ -384,11 +386,9 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
                 evaluated=evaluated,
             )
             if not replaying:
-                first, drawn = drawn_by.get(id(check.strategy), (check, None))
-                drawn_by[id(check.strategy)] = (
-                    first,
-                    drawn or (evaluated if checked.status in ("pass", "warn") else None),
-                )
+                first_of.setdefault(strategy, check)
+                if checked.status in ("pass", "warn"):
+                    drawn_by.setdefault(strategy, evaluated)
             result.checks.append(paths.run(check, checked, result.cases - before, evaluated, result, failures))
     suite.conclude(result.checks)
     final = {check.name: check.message for check in result.checks}
@@ -406,7 +406,7 @@ def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     return result
 
 
-def _replaying(check: Check, drawn: tuple[Check, list | None] | None) -> tuple[Check, list | None] | None:
+def _replaying(check: Check, first: Check | None, drawn: list | None) -> tuple[Check, list | None] | None:
     """For a check that replays (``Check.replays``) after its suite's first check of the same
     strategy: the check to run, with that first check's count of examples, and the cases it
     evaluates, the most informative of those drawn once a check of the strategy passed. With
@@ -414,10 +414,9 @@ def _replaying(check: Check, drawn: tuple[Check, list | None] | None) -> tuple[C
     and where every check of the strategy failed (their draws were cut short), the cases are
     None: the check searches those same draws itself, stopping at its first failure. None
     for a check that draws its own (``max_examples``), with no check of its strategy before it."""
-    if check.replays is None or drawn is None:
+    if check.replays is None or first is None:
         return None
-    first, evaluated = drawn
-    cases = None if evaluated is None else informative_cases([c for c, _ in evaluated], check.replays)
+    cases = None if drawn is None else informative_cases([case for case, _ in drawn], check.replays)
     return replace(check, max_examples=first.max_examples), cases
 
 

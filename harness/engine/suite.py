@@ -284,7 +284,7 @@ def run_check_keeping_cases(
     """:func:`run_check`, and the distinct cases it evaluated, in order, each with the log of
     the model calls it made (harness/adapters/paths.py:CallLog)."""
     run = CheckRun(check, context)
-    return (*run.run(), [(run.cases[key], run.calls[key]) for key in run.memo])
+    return (*run.run(), run.evaluated_cases())
 
 
 def replay_first(
@@ -298,13 +298,16 @@ def replay_first(
     ``shrink_examples`` larger, the check searches again with that many (the canonical
     run's count, which drew the replayed cases), so the failure is reported shrunk.
     ``seen`` receives the distinct cases the replay evaluated, each with the log of its
-    model calls, as :func:`run_check_keeping_cases` returns them."""
+    model calls, as :func:`run_check_keeping_cases` returns them. The replayed cases stand
+    as the check's draws in a ``drawn`` of the replay's own, never in the caller's, whose
+    draws of the same strategy other checks replay."""
+    context = replace(context, drawn={})
     run = CheckRun(check, context)
     context.drawn[(id(check.strategy), run.examples, run.per_example)] = DrawnCases(check.strategy, [list(cases)])
     run.planned = len(cases)
     result, evaluated, failure = run.run()
     if seen is not None:
-        seen.extend((run.cases[key], run.calls[key]) for key in run.memo)
+        seen.extend(run.evaluated_cases())
     if failure is not None and run.unshrunk and shrink_examples and shrink_examples > context.examples:
         wider = CheckRun(check, replace(context, examples=shrink_examples))
         shrunk, more, found = wider.run()
@@ -500,6 +503,10 @@ class CheckRun:
             self.record(case, result)
             if result.status == "fail":
                 break
+
+    def evaluated_cases(self) -> list[tuple[Any, CallLog]]:
+        """The distinct cases evaluated, in order, each with the log of its model calls."""
+        return [(self.cases[key], self.calls[key]) for key in self.memo]
 
     def log_of(self, key: Any, case: Any) -> CallLog:
         """The log of ``case``'s model calls (the calls of an evaluation retried alone add to it)."""
