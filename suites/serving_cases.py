@@ -188,23 +188,32 @@ def operated(decode: Callable[[], Tensor], control: tuple[str, Control]) -> Tens
 def same_computation(
     context: RunContext,
     fresh: Tensor,
-    again: Tensor,
+    again: Callable[[], Tensor],
     tested: Sequence[tuple[Tensor, str]],
     where: Tensor | None = None,
 ) -> Outcome:
     """Each ``tested`` logits ``[B, n, V]`` against ``fresh`` at ``where [B, n]`` (default:
-    everywhere) under the same-shape rule, at the floor of ``again`` (the fresh computation
-    repeated): the first that moves fails."""
+    everywhere) under the same-shape rule: the first that moves fails. Judged at floor 0
+    first; ``again()`` (the fresh computation repeated) is run only where that judgement
+    is not a pass, and the judgement made again at the floor it measures. Every threshold
+    grows with the floor, so a pass at floor 0 is a pass at any floor (as ``with_floor``)."""
     where = torch.ones(fresh.shape[:2], dtype=torch.bool) if where is None else where
-    floor = compare_logits(fresh, again, where).max_diff
-    worst = Outcome("pass")
-    for logits, what in tested:
-        comparison = compare_logits(fresh, logits, where)
-        outcome = verdict(comparison, floor, context.tolerance.same_shape(floor, context.dtype, comparison.scale), what)
-        if outcome.status != "pass":
-            return outcome
-        worst = outcome if outcome.ratio >= worst.ratio else worst
-    return worst
+
+    def judged(floor: float) -> Outcome:
+        worst = Outcome("pass")
+        for logits, what in tested:
+            comparison = compare_logits(fresh, logits, where)
+            threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
+            outcome = verdict(comparison, floor, threshold, what)
+            if outcome.status != "pass":
+                return outcome
+            worst = outcome if outcome.ratio >= worst.ratio else worst
+        return worst
+
+    outcome = judged(0.0)
+    if outcome.status == "pass":
+        return outcome
+    return judged(compare_logits(fresh, again(), where).max_diff)
 
 
 def supported(probe: Callable[[], Any]) -> str | None:

@@ -149,3 +149,28 @@ def test_an_adapter_without_serving_operations_says_so() -> None:
     _, state = adapter.prefill(Batch(ids, torch.ones_like(ids)), rollback=True)
     with pytest.raises(ServingUnsupported, match="no rollback"):
         adapter.rollback(state, 1)
+
+
+def test_the_repeated_fresh_decode_runs_only_where_the_judgement_at_floor_zero_is_not_a_pass() -> None:
+    """A pass at floor 0 is a pass at any floor: the second fresh decode, which measures the
+    floor, is made only for a case that does not pass without it, and a leak larger than
+    that floor still fails."""
+    from maskcheck.harness.engine.suite import RunContext
+    from maskcheck.harness.engine.tolerance import tolerance_for
+    from maskcheck.suites.serving_cases import same_computation
+
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"))
+    fresh = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0))
+    tilt = torch.linspace(0, 1, 11)  # a change of the log-probabilities (a constant one would normalise away)
+    repeats: list[int] = []
+
+    def again(noise: float) -> torch.Tensor:
+        repeats.append(1)
+        return fresh + noise * tilt
+
+    same = same_computation(context, fresh, lambda: again(0.0), [(fresh.clone(), "same")])
+    assert same.status == "pass" and not repeats
+    rounded = same_computation(context, fresh, lambda: again(1e-3), [(fresh + 1e-3 * tilt, "rounding")])
+    assert rounded.status == "pass" and rounded.floor > 0 and repeats == [1]
+    leaked = same_computation(context, fresh, lambda: again(1e-3), [(fresh + 0.5 * tilt, "a leak")])
+    assert leaked.status == "fail" and "a leak" in leaked.message and repeats == [1, 1]
