@@ -15,8 +15,12 @@ from maskcheck.harness.adapters.base import Batch
 from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.harness.engine.batching import (
     FORWARD_COST_TOKENS,
+    Greedy,
     Logits,
+    answer,
+    greedy,
     plan,
+    plan_decodings,
     run_alone,
     run_together,
     widen,
@@ -77,6 +81,42 @@ def test_a_widened_batch_gives_its_rows_the_same_logits(decoder: Any, side: str)
     columns = slice(3, 9) if side == "left" else slice(0, 6)
     real = batch.attention_mask.bool()
     torch.testing.assert_close(decoder.logits(wide)[:, columns][real], decoder.logits(batch)[real], atol=1e-5, rtol=0)
+
+
+def test_left_padded_decodings_share_one_across_lengths_and_the_others_keep_their_shape(decoder: Any) -> None:
+    """Greedy decodings of left-padded prompts stack across lengths, widened on the left;
+    an unpadded prompt (mask of ones) is never widened into padding, and a short prompt is
+    not padded to a long one where the padding costs more than the steps it saves."""
+    requests = {
+        "left 6": Greedy(decoder, padded(decoder, (3, 6), 6, "left"), 5),
+        "left 8": Greedy(decoder, padded(decoder, (2, 5), 8, "left"), 3),
+        "left 40": Greedy(decoder, padded(decoder, (30, 2, 3), 40, "left"), 2),
+        "ones 6": Greedy(decoder, Batch(ids((2, 6), seed=1), torch.ones(2, 6, dtype=torch.long)), 4),
+        "ones 7": Greedy(decoder, Batch(ids((1, 7), seed=2), torch.ones(1, 7, dtype=torch.long)), 4),
+    }
+    assert 4 * (40 - 8) > 2 * FORWARD_COST_TOKENS  # 4 short rows padded to 40 cost more than the 2 forwards saved
+    groups = sorted(sorted(g) for g in plan_decodings(requests))
+    assert groups == [["left 40"], ["left 6", "left 8"], ["ones 6"], ["ones 7"]]
+
+
+def test_a_stacked_decoding_gives_each_prompt_its_own_tokens_and_logits(decoder: Any) -> None:
+    requests = {
+        "left 6": Greedy(decoder, padded(decoder, (3, 6), 6, "left"), 5),
+        "left 8": Greedy(decoder, padded(decoder, (2, 5), 8, "left"), 3),
+    }
+    steps = []
+    original = decoder.step
+    decoder.step = lambda *args: steps.append(1) or original(*args)  # type: ignore[method-assign]
+    try:
+        replies = answer(requests)
+    finally:
+        del decoder.step
+    assert len(steps) == 5 - 1  # one decoding, as long as the longest asks
+    for key, request in requests.items():
+        tokens, logits = replies[key]
+        alone_tokens, alone_logits = greedy(decoder, request.batch, request.new_tokens)
+        assert torch.equal(tokens, alone_tokens)
+        torch.testing.assert_close(logits, alone_logits, atol=STACKED_ATOL, rtol=0)
 
 
 def ids(shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -58,8 +58,8 @@ class Logits:
 class Greedy:
     """A request for greedy decoding of ``batch`` with the model's cache, ``new_tokens`` steps
     of one token: the chosen tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``.
-    Requests of the same shape and mask share one decoding (no widening: a cache's padded
-    path is not what ``batch_composition`` measured)."""
+    Requests of the same shape and mask share one decoding; left-padded decoder prompts
+    also share one across lengths, widened with more left padding (:func:`plan_decodings`)."""
 
     adapter: Adapter
     batch: Batch
@@ -167,7 +167,7 @@ def answer(
     ``log_of(key)``: where the request's model calls are noted."""
     replies: dict[Any, Any] = {}
     decodings = {key: r for key, r in requests.items() if isinstance(r, Greedy)}
-    for group in _same_shape(decodings):
+    for group in plan_decodings(decodings):
         replies.update(_decode_together([(key, decodings[key]) for key in group], log_of))
     forwards = {key: r for key, r in requests.items() if isinstance(r, Logits)}
     for group in plan(forwards):
@@ -201,28 +201,80 @@ def answer(
     return replies
 
 
-def _same_shape(requests: dict[Any, Greedy]) -> list[list[Any]]:
+def plan_decodings(requests: dict[Any, Greedy]) -> list[list[Any]]:
+    """Groups of greedy requests to decode as one each.
+
+    Requests stack when they have the same adapter, inputs and kind of mask. Decoder
+    prompts padded on the left (the side generation pads, so every row's next token is
+    predicted in the last column) also stack across lengths, widened with more left
+    padding, where that padding costs less than the decode steps it saves
+    (:func:`_partition_decodings`); every other request stacks at equal shapes only. The
+    cache then holds more padded slots before a row's first token, which its mask hides as
+    it hides the slots the row was padded with already: only a request that is padded
+    already is widened, so no request's attention path changes."""
     groups: dict[tuple, list[Any]] = {}
     for key, request in requests.items():
         batch = request.batch
-        shape = tuple(None if v is None else tuple(v.shape) for v in (getattr(batch, name) for name in BATCH_FIELDS))
+        present = tuple(name for name in BATCH_FIELDS if getattr(batch, name) is not None)
         kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))
-        groups.setdefault((id(request.adapter), shape, kinds), []).append(key)
-    return list(groups.values())
+        if batch.decoder_input_ids is None and kinds[0] == "left":
+            stack_key: tuple = (id(request.adapter), present, "left")
+        else:
+            shapes = tuple(None if v is None else tuple(v.shape) for v in (getattr(batch, n) for n in BATCH_FIELDS))
+            stack_key = (id(request.adapter), shapes, kinds)
+        groups.setdefault(stack_key, []).append(key)
+    planned: list[list[Any]] = []
+    for stack_key, members in groups.items():
+        if stack_key[-1] == "left" and len(members) > 1:
+            vocab = max(1, requests[members[0]].adapter.capabilities.vocab_size)
+            planned.extend(_partition_decodings(members, requests, vocab))
+        else:
+            planned.append(members)
+    return planned
+
+
+def _partition_decodings(members: list[Any], requests: dict[Any, Greedy], vocab: int) -> list[list[Any]]:
+    """Contiguous groups of the members sorted by prompt length, minimising the cost of
+    their decodings: a decoding of rows ``R`` padded to ``L`` for ``n`` steps is ``n``
+    forwards (the prefill, then one a step), each ``FORWARD_COST_TOKENS``, plus ``R x L``
+    prefill tokens and ``R`` tokens a step; its prefill returns at most :data:`MAX_LOGITS`
+    logits (one request alone may exceed it, as it would on its own)."""
+    order = sorted(members, key=lambda i: requests[i].batch.input_ids.shape[1])  # stable: ties keep the order asked
+    length = [requests[i].batch.input_ids.shape[1] for i in order]
+    rows = [requests[i].batch.size for i in order]
+    steps = [requests[i].new_tokens for i in order]
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest cost of the first j requests
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        stacked, most = 0, 0
+        for i in range(j, 0, -1):  # the last group is order[i-1 : j]
+            stacked, most = stacked + rows[i - 1], max(most, steps[i - 1])
+            if i < j and stacked * length[j - 1] * vocab > MAX_LOGITS:
+                break
+            cost = best[i - 1] + most * FORWARD_COST_TOKENS + stacked * (length[j - 1] + most - 1)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups
 
 
 def _decode_together(
     asked: list[tuple[Any, Greedy]], log_of: Callable[[Any], CallLog | None] = lambda key: None
 ) -> dict[Any, Any]:
-    """One greedy decoding of the stacked batches, as long as the longest asks; each request
-    gets its rows and its first steps. (A decoding makes no logits or loss call: nothing
+    """One greedy decoding of the stacked batches (widened on the left to the longest, in a
+    group of several lengths), as long as the longest asks; each request gets its rows and
+    its first steps. (A decoding makes no logits or loss call: nothing
     to note for a stacked one.)"""
     if len(asked) == 1:
         return {asked[0][0]: _forward(asked[0][1], log_of(asked[0][0]))}
     steps = max(r.new_tokens for _, r in asked)
+    length = max(r.batch.input_ids.shape[1] for _, r in asked)  # a group of several lengths is padded on the left
     try:
         tokens, logits = greedy(
-            asked[0][1].adapter, concat([r.batch for _, r in asked]), steps
+            asked[0][1].adapter, concat([widen(r.batch, length, "left", r.adapter) for _, r in asked]), steps
         )  # [sum B, n], [sum B, n, V]
     except Exception:
         return {key: _forward(r, log_of(key)) for key, r in asked}
