@@ -20,6 +20,7 @@ nothing must not poison the others.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,15 +67,27 @@ class CompositionCase:
 
 
 def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None) -> st.SearchStrategy[PaddedCase]:
-    """Up to three rows of up to ``max_length`` real tokens; one of up to ``longest`` in the
-    first case of an example (harness/engine/strategies.py, ``short_or_long``)."""
+    """Up to three rows of up to ``max_length`` real tokens; in the first case of an example,
+    one row of up to ``longest`` alone (harness/engine/strategies.py, ``short_or_long``)."""
     return case_strategy(
         PaddedCase,
-        lengths=st.lists(short_or_long(1, max_length, longest), min_size=1, max_size=3),
+        lengths=st.lists(short_or_long(1, max_length, longest), min_size=1, max_size=3).map(
+            functools.partial(long_row_alone, max_length)
+        ),
         extra=st.integers(min_extra, 4),
         side=st.sampled_from(["right", "left"]),
         seed=st.integers(0, 2**16),
     )
+
+
+def long_row_alone(short: int, lengths: list[int]) -> tuple[int, ...]:
+    """A long row's case holds that row alone, padded by the case's ``extra`` slots. Short
+    rows padded to its length would be mostly padding: two thirds of the padding suite's
+    tokens at ``ci``, testing again what every short case tests (rows of other lengths
+    padded in one batch). The short rows stay drawn, so a failure that a long row does not
+    need shrinks to short rows as before."""
+    long = [length for length in lengths if length > short]
+    return (long[0],) if long else tuple(lengths)
 
 
 def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:

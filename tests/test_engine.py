@@ -184,6 +184,17 @@ def test_every_random_example_reaches_one_long_length_in_its_first_case_and_no_o
             assert all(max(case.lengths) <= 12 for case in others), (seed, others)
 
 
+def test_a_padded_case_with_a_long_row_holds_that_row_alone() -> None:
+    """Short rows padded to a long row's length would be mostly padding slots: a long case
+    is its one row, padded by the case's extra slots; short cases keep up to three rows."""
+    rows = set()
+    for seed in range(10):
+        for first, *others in drawn_as_ci_draws(seed)[1:]:
+            assert len(first.lengths) == 1 and first.lengths[0] > 12, (seed, first)
+            rows.update(len(case.lengths) for case in others)
+    assert rows == {1, 2, 3}
+
+
 def test_a_spent_shrink_budget_reports_the_smallest_failing_case_found_by_then() -> None:
     """Shrinking stops once the budget is spent: the check still fails, on a case no larger
     than the first failure, and says why it may not be minimal."""
