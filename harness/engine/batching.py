@@ -208,7 +208,7 @@ def plan_decodings(requests: dict[Any, Greedy]) -> list[list[Any]]:
     prompts padded on the left (the side generation pads, so every row's next token is
     predicted in the last column) also stack across lengths, widened with more left
     padding, where that padding costs less than the decode steps it saves
-    (:func:`_partition_decodings`); every other request stacks at equal shapes only. The
+    (:func:`_partition`); every other request stacks at equal shapes only. The
     cache then holds more padded slots before a row's first token, which its mask hides as
     it hides the slots the row was padded with already: only a request that is padded
     already is widened, so no request's attention path changes."""
@@ -227,38 +227,11 @@ def plan_decodings(requests: dict[Any, Greedy]) -> list[list[Any]]:
     for stack_key, members in groups.items():
         if stack_key[-1] == "left" and len(members) > 1:
             vocab = max(1, requests[members[0]].adapter.capabilities.vocab_size)
-            planned.extend(_partition_decodings(members, requests, vocab))
+            sizes = {i: (requests[i].batch.input_ids.shape[1], requests[i].batch.size) for i in members}
+            planned.extend(_partition(members, sizes, vocab, steps={i: requests[i].new_tokens for i in members}))
         else:
             planned.append(members)
     return planned
-
-
-def _partition_decodings(members: list[Any], requests: dict[Any, Greedy], vocab: int) -> list[list[Any]]:
-    """Contiguous groups of the members sorted by prompt length, minimising the cost of
-    their decodings: a decoding of rows ``R`` padded to ``L`` for ``n`` steps is ``n``
-    forwards (the prefill, then one a step), each ``FORWARD_COST_TOKENS``, plus ``R x L``
-    prefill tokens and ``R`` tokens a step; its prefill returns at most :data:`MAX_LOGITS`
-    logits (one request alone may exceed it, as it would on its own)."""
-    order = sorted(members, key=lambda i: requests[i].batch.input_ids.shape[1])  # stable: ties keep the order asked
-    length = [requests[i].batch.input_ids.shape[1] for i in order]
-    rows = [requests[i].batch.size for i in order]
-    steps = [requests[i].new_tokens for i in order]
-    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest cost of the first j requests
-    cut = [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        stacked, most = 0, 0
-        for i in range(j, 0, -1):  # the last group is order[i-1 : j]
-            stacked, most = stacked + rows[i - 1], max(most, steps[i - 1])
-            if i < j and stacked * length[j - 1] * vocab > MAX_LOGITS:
-                break
-            cost = best[i - 1] + most * FORWARD_COST_TOKENS + stacked * (length[j - 1] + most - 1)
-            if cost < best[j]:
-                best[j], cut[j] = cost, i - 1
-    groups, j = [], len(order)
-    while j > 0:
-        groups.append(order[cut[j] : j])
-        j = cut[j]
-    return groups
 
 
 def _decode_together(
@@ -315,26 +288,39 @@ def plan(requests: dict[Any, Logits]) -> list[list[Any]]:
     groups: list[list[Any]] = []
     for key, members in keyed.items():
         vocab = max(1, requests[members[0]].adapter.capabilities.vocab_size)
-        groups.extend(_partition(members, requests, vocab, exact=key[-1] is None))
+        sizes = {i: (requests[i].batch.predicted_ids.shape[1], requests[i].batch.size) for i in members}
+        groups.extend(_partition(members, sizes, vocab, exact=key[-1] is None))
     return groups
 
 
-def _partition(members: list[Any], requests: dict[Any, Logits], vocab: int, exact: bool = False) -> list[list[Any]]:
-    """Contiguous groups of the members sorted by length, minimising ``FORWARD_COST_TOKENS``
-    per forward plus the tokens each forward computes (rows x its longest length), with at
-    most :data:`MAX_LOGITS` logits a forward; ``exact``: only equal lengths in a group."""
-    order = sorted(members, key=lambda i: requests[i].batch.predicted_ids.shape[1])  # stable: ties keep the order asked
-    length = [requests[i].batch.predicted_ids.shape[1] for i in order]
-    rows = [requests[i].batch.size for i in order]
+def _partition(
+    members: list[Any],
+    sizes: dict[Any, tuple[int, int]],
+    vocab: int,
+    exact: bool = False,
+    steps: dict[Any, int] | None = None,
+) -> list[list[Any]]:
+    """Contiguous groups of the members sorted by length (``sizes[i]``: its length and
+    rows), minimising the cost of running each group as one: ``FORWARD_COST_TOKENS`` a
+    forward plus the tokens each forward computes. A group of forwards is one forward of
+    its rows at its longest length; a group of greedy decodings (``steps[i]``: a request's
+    new tokens) is as many forwards as its longest asks, the prefill at its longest length
+    then a token a row each step. At most :data:`MAX_LOGITS` logits a group's first
+    forward (one request alone may exceed it, as it would on its own); ``exact``: only
+    equal lengths in a group."""
+    order = sorted(members, key=lambda i: sizes[i][0])  # stable: ties keep the order asked
+    length = [sizes[i][0] for i in order]
+    rows = [sizes[i][1] for i in order]
+    new_tokens = [1 if steps is None else steps[i] for i in order]
     best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest cost of the first j requests
     cut = [0] * (len(order) + 1)
     for j in range(1, len(order) + 1):
-        stacked = 0
+        stacked, forwards = 0, 0
         for i in range(j, 0, -1):  # the last group is order[i-1 : j]
-            stacked += rows[i - 1]
+            stacked, forwards = stacked + rows[i - 1], max(forwards, new_tokens[i - 1])
             if (exact and length[i - 1] != length[j - 1]) or (i < j and stacked * length[j - 1] * vocab > MAX_LOGITS):
                 break
-            cost = best[i - 1] + FORWARD_COST_TOKENS + stacked * length[j - 1]
+            cost = best[i - 1] + forwards * FORWARD_COST_TOKENS + stacked * (length[j - 1] + forwards - 1)
             if cost < best[j]:
                 best[j], cut[j] = cost, i - 1
     groups, j = [], len(order)
