@@ -242,6 +242,24 @@ def test_the_cases_a_seed_draws_do_not_depend_on_the_local_modules_the_process_i
     assert providers._get_local_constants.__name__ == "_get_local_constants"  # the host's own draws keep their pool
 
 
+def test_the_constants_allowed_from_the_empty_pool_are_kept_between_searches_and_never_shown_to_the_host() -> None:
+    """Every maskcheck search filters the same empty pool: what it allowed is kept for the
+    next search, while the host's own draws see neither it nor lose their pool's cache."""
+    from hypothesis.internal.conjecture import providers
+
+    from maskcheck.harness.engine.profiles import without_local_constants
+
+    cache = providers.CONSTANTS_CACHE.cache
+    cache["host's key"] = ("allowed from the host's pool",)
+    with without_local_constants():
+        assert "host's key" not in cache
+        cache["maskcheck's key"] = ("allowed from the empty pool",)
+    assert not cache  # left as the original block left it: cleared
+    with without_local_constants():
+        assert cache.get("maskcheck's key") == ("allowed from the empty pool",)
+    assert not cache
+
+
 def test_the_other_paths_replay_the_longest_case_then_the_richest_cheapest_case_of_each_other_kind() -> None:
     """One long row tests every earlier position on a path; the other padding side is
     replayed on its case with the most rows, not on another long one."""

@@ -87,15 +87,22 @@ for _name, _settings in PROFILES.items():
     settings.register_profile(hypothesis_name(_name), settings(_settings, **COMMON))
 
 
+#: The allowed constants Hypothesis's searches computed from the empty pool, kept between
+#: maskcheck's searches: every search filters the same pool the same way, and filtering it
+#: again each time was the largest part of Hypothesis's own work in a tiny model's audit.
+_EMPTY_POOL_ALLOWED: dict = {}
+
+
 @contextmanager
 def without_local_constants() -> Iterator[None]:
     """Hypothesis searches inside this block draw no constants from local modules.
 
     Hypothesis reads them through a private function of its providers module; it is
-    swapped for one returning an empty pool only for the block, and the cache of allowed
-    constants is cleared on both sides, so the host's own Hypothesis tests (run in the
-    same process under the plugin) keep their pool. Not thread-safe: a host test drawing
-    on another thread during a maskcheck search would see the empty pool too. If a
+    swapped for one returning an empty pool only for the block. The cache of allowed
+    constants holds, inside the block, only what was computed from that empty pool (kept
+    between blocks), and is cleared on leaving it, so the host's own Hypothesis tests (run
+    in the same process under the plugin) keep their pool. Not thread-safe: a host test
+    drawing on another thread during a maskcheck search would see the empty pool too. If a
     Hypothesis release moves these internals the block does nothing, and
     ``tests/test_engine.py`` (drawn cases independent of imported modules) fails.
     """
@@ -109,11 +116,14 @@ def without_local_constants() -> Iterator[None]:
         yield
         return
     cache.clear()
+    cache.update(_EMPTY_POOL_ALLOWED)
     providers._get_local_constants = lambda: empty
     try:
         yield
     finally:
         providers._get_local_constants = original
+        _EMPTY_POOL_ALLOWED.clear()
+        _EMPTY_POOL_ALLOWED.update(cache)
         cache.clear()
 
 
