@@ -82,10 +82,10 @@ def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None
 
 def long_row_alone(short: int, lengths: list[int]) -> tuple[int, ...]:
     """A long row's case holds that row alone, padded by the case's ``extra`` slots. Short
-    rows padded to its length would be mostly padding: two thirds of the padding suite's
-    tokens at ``ci``, testing again what every short case tests (rows of other lengths
-    padded in one batch). The short rows stay drawn, so a failure that a long row does not
-    need shrinks to short rows as before."""
+    rows padded to its length would be mostly padded slots, testing again what every short
+    case of several rows tests (rows of other lengths padded in one batch) at the price of
+    the long row's length each. The short rows stay drawn, so a failure that needs no long
+    row shrinks to short rows as before."""
     long = [length for length in lengths if length > short]
     return (long[0],) if long else tuple(lengths)
 
