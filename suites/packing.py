@@ -185,11 +185,19 @@ def isolates_by_positions(adapter: Adapter, context: RunContext) -> bool:
     return not (plain.status == "fail" and plain.positions == with_positions.positions)
 
 
-def segments_alone(adapter: Adapter, context: RunContext, case: PackedCase) -> Evaluation:
+def alone_logits(adapter: Adapter, packed: PackedRow) -> list[Logits]:
+    """The requests for each packed sequence run alone: ``[1, n, V]`` logits each."""
+    return [Logits(adapter, Batch(row[None].to(adapter.capabilities.device))) for row in packed.rows]
+
+
+def segments_alone(
+    adapter: Adapter, context: RunContext, case: PackedCase, alone: list[Tensor] | None = None
+) -> Evaluation:
+    """Each packed sequence's logits equal the same sequence run alone (``alone``: those
+    logits, already computed; None: run them here)."""
     packed = pack(adapter, case)
-    alone = yield [
-        Logits(adapter, Batch(row[None].to(adapter.capabilities.device))) for row in packed.rows
-    ]  # [1, n, V] each
+    if alone is None:
+        alone = yield alone_logits(adapter, packed)
 
     def judge(logits: Tensor, floor: float) -> Outcome:
         pairs = [(alone[i][0], logits[0, packed.span(i)], i) for i in range(len(packed.rows))]
@@ -262,12 +270,19 @@ class PackingSuite(Suite):
         return checks
 
     def settings(self, settings: list, context: RunContext, case: PackedCase) -> Evaluation:
-        """Run the isolation and alone checks under every setting; name the ones that leak."""
+        """Run the isolation and alone checks under every setting; name the ones that leak.
+
+        Each sequence alone is run once, under the documented setting, and every setting's
+        packed row is compared with it: a sequence alone has no packing input, so what a
+        setting changes for it (``use_cache``, a mask of ones) is what the call paths audit
+        on every check, and a packed row is right when it equals the model's own answer."""
+        documented = settings[0][1]
+        alone = yield alone_logits(documented, pack(documented, case))
         safe, leaks, worst = [], [], Outcome("pass")
         for setting, adapter in settings:
             outcomes = [
                 (yield from segment_isolation(adapter, context, case)),
-                (yield from segments_alone(adapter, context, case)),
+                (yield from segments_alone(adapter, context, case, alone)),
             ]
             bad = [o for o in outcomes if o.status == "fail"]
             if bad:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +20,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.specs import LoadOptions, adapter_for, load_adapter
+from maskcheck.harness.engine.batching import run_alone
 from maskcheck.harness.engine.registry import suite_names
+from maskcheck.harness.engine.suite import RunContext
+from maskcheck.harness.engine.tolerance import tolerance_for
 from maskcheck.reference_models import PRESETS, ModelConfig, save_checkpoint
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.training import TrainingRun, train
+from maskcheck.suites.packing import PackedCase, PackingSuite
 
 STATE_SUITES = suite_names(lambda suite: suite.kind == "state")  # packing, kv_cache, norm_checkpoint
 
@@ -71,6 +76,35 @@ def test_hugging_face_packing_is_safe_only_with_use_cache_false_and_no_mask(name
         "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
     )
     assert "use_cache left at its default" in message and "attention_mask of ones" in message
+
+
+def test_packing_settings_run_each_sequence_alone_once_and_judge_every_setting_against_it() -> None:
+    """The settings check compares every setting's packed row with one run of each sequence
+    alone, under the documented setting; a setting that leaks is still named."""
+    adapter = HFAdapter(tiny_model("gpt2", "sdpa"))
+    settings = adapter.packing_settings()
+    assert len(settings) == 3
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"), examples=3, profile="ci")
+    case = PackedCase(segment_lengths=(3, 4), changed=0, padding=0, seed=7)
+    lengths: list[int] = []
+    kind = type(adapter.model)
+    forward = kind.forward
+
+    def counted(module: Any, *args: Any, **kwargs: Any) -> Any:
+        lengths.append(kwargs["input_ids"].shape[-1])
+        return forward(module, *args, **kwargs)
+
+    kind.forward = counted  # type: ignore[method-assign]
+    try:
+        outcome = run_alone(PackingSuite().settings(settings, context, case))
+    finally:
+        kind.forward = forward  # type: ignore[method-assign]
+    assert sorted(n for n in lengths if n < 7) == [3, 4]  # each sequence alone, once
+    assert outcome.status == "warn"
+    assert outcome.message.startswith(
+        "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
+    )
+    assert "use_cache left at its default" in outcome.message and "attention_mask of ones" in outcome.message
 
 
 def test_bert_has_no_padding_free_path() -> None:
