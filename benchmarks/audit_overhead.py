@@ -19,7 +19,7 @@ instrumented audit that splits each suite's time into the model's forwards, the
 harness's work around them (building cases, comparing, the adapter) and Hypothesis
 with the engine (drawing cases, running checks); its timers add a little overhead of
 their own, so its figures say where the time goes, not what the ratio is.
-``--count`` times nothing: it counts one audit's forwards, rows and input tokens by suite
+``--count`` times nothing: it counts one audit's forwards, rows, input tokens and positions projected to the vocabulary, by suite
 and call path, what the audit asks of any machine (``--model gpt2-narrow`` draws
 gpt2-small's cases at a fiftieth of its compute).
 ``--peer PYTHON`` adds, to gpt2-small's measurement, ``maskcheck audit`` of it against
@@ -290,6 +290,8 @@ def count(
         if isinstance(ids, torch.Tensor):
             tally["rows"] += ids.shape[0]
             tally["tokens"] += ids.numel()
+            keep = kwargs.get("logits_to_keep") or ids.shape[-1]  # the positions projected to the vocabulary
+            tally["projected"] += ids.shape[0] * min(keep, ids.shape[-1])
         return original_forward(module, *args, **kwargs)
 
     def run_one(
@@ -341,6 +343,10 @@ def print_counts(name: str, profile: str, counts: dict[tuple[str, str], collecti
     )
     print(
         f"  {totals['grad']} of the forwards with gradients (the training path and the gradient checks); {totals['rows']} rows"
+    )
+    print(
+        f"  {totals['projected']} of the {totals['tokens']} input positions projected to the vocabulary"
+        f" (the others' logits were not asked for: logits_to_keep); {result.environment.get('logits_to_keep')}"
     )
 
 

@@ -290,12 +290,10 @@ class KVCacheSuite(Suite):
                 torch.cat([row, tokens[i, :-1].to(row.device)]) for i, row in enumerate(rows)
             ]  # [P + n - 1]: the prompt and what the batch generated before the last step
             alone = yield [
-                Logits(b.adapter, b.left_padded([f], f.numel(), case.source_padding, first_row=i))
+                Logits(b.adapter, b.left_padded([f], f.numel(), case.source_padding, first_row=i), case.new_tokens)
                 for i, f in enumerate(fed)
-            ]  # [1, P + n - 1, V] each
-            pairs = [
-                (alone[i][0, row.numel() - 1 :], logits[i], i) for i, row in enumerate(rows)
-            ]  # ([n, V], [n, V], row)
+            ]  # [1, n, V] each: the positions that predicted the generated tokens, P - 1 .. P + n - 2
+            pairs = [(alone[i][0], logits[i], i) for i in range(len(rows))]  # ([n, V], [n, V], row)
             outcome = aligned_outcome(context, pairs, floor, what)
             if outcome.status == "fail":
                 diverged = []

@@ -104,13 +104,6 @@ def decoded(adapter: Adapter, state: Any, tokens: Tensor, sizes: Sequence[int]) 
     return torch.cat(pieces, dim=1), state
 
 
-def last_columns(batch: Batch, count: int) -> Tensor:
-    """``[B, T]`` True at the last ``count`` positions of the predicted side."""
-    where = torch.zeros(batch.predicted_ids.shape, dtype=torch.bool)
-    where[:, where.shape[1] - count :] = True
-    return where
-
-
 #: the same decodes without the serving operation: each (its full batch, its cached logits [B, n, V])
 Control = Callable[[], list[tuple[Batch, Tensor]]]
 
@@ -130,17 +123,17 @@ def against_full_forward(
     was wrong before it (which ``kv_cache`` names)."""
 
     def judged(full: Batch, cached: Tensor, what: str, floor: float | None = None) -> Evaluation:
-        count = cached.shape[1]
-        where = last_columns(full, count)
+        count = cached.shape[1]  # the full forward's last positions: the only ones compared, the only ones asked for
+        offset = full.predicted_ids.shape[1] - count
+        where = torch.ones(full.size, count, dtype=torch.bool)
 
-        def judge(logits: Tensor, floor: float) -> Outcome:  # logits [B, T, V]
-            test = logits.clone()
-            test[:, -count:] = cached.to(test.device)  # positions count from the sequence's start
-            return shape_change_outcome(context, logits, test, where, floor, what)
+        def judge(logits: Tensor, floor: float) -> Outcome:  # logits [B, count, V]
+            # positions count from the sequence's start
+            return shape_change_outcome(context, logits, cached.to(logits.device), where, floor, what, offset=offset)
 
         if floor is not None:
-            return judge((yield Logits(b.adapter, full)), floor)
-        return (yield from with_floor(b.adapter, full, where, judge))
+            return judge((yield Logits(b.adapter, full, count)), floor)
+        return (yield from with_floor(b.adapter, full, where, judge, count))
 
     outcome = yield from judged(full, cached, what)
     if outcome.status != "fail" or control is None:

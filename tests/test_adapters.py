@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from maskcheck import audit
 from maskcheck.harness.adapters.base import AdapterError, Batch, Capabilities, extend
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.adapters.module import ModuleAdapter
@@ -282,3 +283,42 @@ def test_the_task_rule_reads_heads_then_the_bert_family_fallback() -> None:
     assert infer_task(config(model_type="roberta", is_decoder=True)) == "causal-lm"
     # a decoder-only multimodal class is not an encoder-decoder: its name does not make it one
     assert infer_task(config(architectures=["Gemma3ForConditionalGeneration"])) == "causal-lm"
+
+
+def test_logits_to_keep_is_used_where_it_measures_right() -> None:
+    """The first request for the last positions runs the model with and without
+    logits_to_keep; a model whose kept logits are the full forward's keeps it, and the
+    report says so."""
+    adapter = HFAdapter(tiny_model("gpt2"))
+    batch = batch_for("decoder", adapter.capabilities.vocab_size)
+    full = adapter.logits(batch)  # [2, 6, V]
+    torch.testing.assert_close(adapter.logits(batch, keep=2), full[:, -2:], atol=1e-5, rtol=0)
+    assert adapter.logits_to_keep.right is True
+    on_path = adapter.on_path(adapter.paths()[1].path)  # the paths share the measurement
+    assert on_path.logits_to_keep is adapter.logits_to_keep
+    assert adapter.kept_logits().startswith("logits_to_keep: only the compared last positions")
+
+
+def test_a_wrong_logits_to_keep_is_measured_and_not_used() -> None:
+    """A model whose logits_to_keep keeps the first positions, not the last: the adapter
+    answers from the full forward every time, the serving checks (which compare a full
+    forward's last positions) pass, and the report says why logits_to_keep was not used.
+    (kv_cache's greedy_generation fails on this model, rightly: transformers' own
+    generate() asks the prefill for logits_to_keep=1.)"""
+    model = tiny_model("gpt2")
+    forward = type(model).forward
+
+    class FirstPositions(type(model)):  # type: ignore[misc]
+        def forward(self, *args, logits_to_keep=0, **kwargs):  # type: ignore[no-untyped-def]
+            out = forward(self, *args, **kwargs)
+            if logits_to_keep:
+                out.logits = out.logits[:, :logits_to_keep]
+            return out
+
+    model.__class__ = FirstPositions
+    adapter = HFAdapter(model)
+    result = audit(adapter, ["serving"])
+    assert adapter.logits_to_keep.right is False
+    assert {s.status for s in result.suites} == {"pass"}, [(c.name, c.message) for s in result.suites for c in s.checks]
+    assert result.environment["logits_to_keep"].startswith("computed for every position, the compared ones sliced")
+    assert "measured wrong" in result.environment["logits_to_keep"]

@@ -253,3 +253,26 @@ def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batch
     done = subprocess.run([sys.executable, str(script), "--compare"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(json.loads(RECORD.read_text()))} of " in done.stdout
+
+
+def test_requests_for_the_last_positions_stack_and_each_gets_its_own(decoder: Any) -> None:
+    """Left-padded and unpadded requests that keep their last positions share forwards (the
+    widest keep of a group) and each gets its own last positions; right-padded ones are not
+    widened, since widening on the right would move their last positions."""
+    batches = [
+        padded(decoder, (3, 2), 3, "left"),
+        padded(decoder, (4, 2), 5, "left"),
+        Batch(ids((1, 4), seed=1)),
+        Batch(ids((1, 4), seed=2)),
+        padded(decoder, (2, 3), 3, "right"),
+        padded(decoder, (2, 4), 4, "right"),
+    ]
+    keeps = [2, 1, 3, 2, 2, None]
+    requests = {i: Logits(decoder, b, k) for i, (b, k) in enumerate(zip(batches, keeps))}
+    assert sorted(sorted(g) for g in plan(requests)) == [[0, 1], [2, 3], [4], [5]]
+    replies = answer(requests)
+    for i, (batch, keep) in enumerate(zip(batches, keeps)):
+        full = decoder.logits(batch)  # [B, T, V]
+        expected = full if keep is None else full[:, -keep:]
+        assert replies[i].shape == expected.shape
+        torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)

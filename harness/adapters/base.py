@@ -171,6 +171,10 @@ OUT_OF_MEMORY = (
 )
 
 
+#: how the report begins where a request for the last positions' logits computed them all
+ALL_POSITIONS = "computed for every position, the compared ones sliced: "
+
+
 def call_model(function: Any, *args: Any, **kwargs: Any) -> Any:
     """Call the model; anything it raises becomes an :class:`AdapterError` with a one-line message."""
     try:
@@ -250,20 +254,23 @@ class Adapter(abc.ABC):
 
     # -- the protocol -----------------------------------------------------------------------
 
-    def logits(self, batch: Batch) -> Tensor:
-        """Logits ``[B, T, V]`` over the predicted positions, called on this adapter's :attr:`path`."""
+    def logits(self, batch: Batch, keep: int | None = None) -> Tensor:
+        """Logits ``[B, T, V]`` over the predicted positions, called on this adapter's :attr:`path`;
+        ``keep``: those of the last ``keep`` positions only, ``[B, keep, V]``, computed alone
+        where the model can (:meth:`_kept_logits`)."""
         self._check_eval()
         note_call(self.path, batch, self.capabilities.position_offset)
         batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
+        ids = batch.predicted_ids
+        keep = None if keep is None or keep >= ids.shape[1] else keep
         if self.path.training:
             with training_forward(self.model):
-                out = self._logits(trainable_copy(batch))
+                out = self._kept_logits(trainable_copy(batch), keep)
                 out = out.detach() if isinstance(out, Tensor) else out
         else:
             with torch.inference_mode():
-                out = self._logits(batch)
-        ids = batch.predicted_ids
-        return check_logits(out, ids.shape[0], ids.shape[1], self.capabilities.vocab_size)
+                out = self._kept_logits(batch, keep)
+        return check_logits(out, ids.shape[0], keep or ids.shape[1], self.capabilities.vocab_size)
 
     def loss(self, batch: Batch, labels: Tensor) -> Tensor:
         """The model's own loss for unshifted ``labels [B, T]`` (-100 ignored), on :attr:`path`."""
@@ -596,6 +603,20 @@ class Adapter(abc.ABC):
 
     def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def _kept_logits(self, batch: Batch, keep: int | None) -> Tensor:
+        """The logits of the last ``keep`` positions (None: all). Here the model computes
+        every position's and the last are sliced; an adapter whose model can compute fewer
+        overrides this (harness/adapters/hf.py: ``logits_to_keep``) and says so in
+        :meth:`kept_logits`."""
+        out = self._logits(batch)
+        if keep is None or not isinstance(out, Tensor) or out.dim() != 3:
+            return out
+        return out[:, -keep:]
+
+    def kept_logits(self) -> str:
+        """How a request for the last positions' logits is answered, for the report."""
+        return ALL_POSITIONS + "this adapter has no way to ask for fewer"
 
     def _prefill(self, batch: Batch, rollback: bool = False) -> tuple[Tensor, Any]:
         raise NotImplementedError

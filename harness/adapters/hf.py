@@ -21,6 +21,7 @@ from torch import Tensor
 
 from . import hf_variants
 from .base import (
+    ALL_POSITIONS,
     Adapter,
     AdapterError,
     Batch,
@@ -45,6 +46,38 @@ class HFState:
     next_position: Tensor  # [B]
     encoder_outputs: Any = None  # seq2seq: the encoder's output, computed once
     source_mask: Tensor | None = None
+
+
+@dataclass
+class LogitsToKeep:
+    """Whether this model's ``logits_to_keep`` gives the logits of the last positions asked
+    for, measured on the first request against the full forward's (shared by an adapter's
+    copies, so each path does not measure it again).
+
+    A signature says only that the keyword exists: the first request runs both forwards,
+    answers with the full one's positions, and keeps the keyword only where the kept
+    logits have its shape and differ from it by at most a tenth of what adjacent positions
+    differ by (rounding moves a logit by far less; a wrong position by about that much)."""
+
+    named: bool  # the model's forward names the keyword
+    right: bool | None = None  # None: not measured yet
+    detail: str = ""
+
+    def measure(self, kept: Any, full: Tensor, keep: int) -> None:
+        """``kept``: the model's answer with ``logits_to_keep=keep`` (or what it raised);
+        ``full [B, T, V]``: its answer without it, ``keep < T``."""
+        if isinstance(kept, Exception):
+            self.right, self.detail = False, f"the model raised with it: {kept}"
+            return
+        expected = full[:, -keep:]  # [B, keep, V]
+        if not isinstance(kept, Tensor) or kept.shape != expected.shape:
+            shape = list(kept.shape) if isinstance(kept, Tensor) else type(kept).__name__
+            self.right, self.detail = False, f"it returned {shape} for the last {keep} positions of {list(full.shape)}"
+            return
+        error = float((kept.double() - expected.double()).abs().max())
+        spread = float((expected.double() - full[:, -keep - 1 : -1].double()).abs().max())
+        self.right = error <= spread / 10  # False for a NaN
+        self.detail = f"max |kept - full| = {error:.3g}; adjacent positions differ by up to {spread:.3g}"
 
 
 class HFAdapter(Adapter):
@@ -81,6 +114,7 @@ class HFAdapter(Adapter):
         # use_cache=False unless a packing setting leaves it at the config default (None)
         self.use_cache: bool | None = False
         self.mask_of_ones = False
+        self.logits_to_keep = LogitsToKeep(named=keywords.named("logits_to_keep"))
 
     def _decoding(
         self, model: Any, family: str, takes_position_ids: bool, offset: int, vocab_size: int
@@ -277,6 +311,34 @@ class HFAdapter(Adapter):
 
     def _logits(self, batch: Batch) -> Tensor:
         return self._call(**self._inputs(batch)).logits
+
+    def _kept_logits(self, batch: Batch, keep: int | None) -> Tensor:
+        """With ``keep``, the model's own ``logits_to_keep=keep`` where it measured right
+        (:class:`LogitsToKeep`): its vocabulary projection runs on those positions only."""
+        measured = self.logits_to_keep
+        if keep is None or not measured.named or measured.right is False:
+            return super()._kept_logits(batch, keep)
+        if measured.right is None:
+            full = self._logits(batch)
+            try:
+                kept = self._call(**self._inputs(batch), logits_to_keep=keep).logits
+            except AdapterError as exc:
+                kept = exc
+            measured.measure(kept, full, keep)
+            return full[:, -keep:]
+        return self._call(**self._inputs(batch), logits_to_keep=keep).logits
+
+    def kept_logits(self) -> str:
+        measured = self.logits_to_keep
+        if not measured.named:
+            return ALL_POSITIONS + "the model's forward takes no logits_to_keep"
+        if measured.right is None:
+            return "logits_to_keep taken, not asked for: no check compared only the last positions"
+        if measured.right:
+            return (
+                f"logits_to_keep: only the compared last positions are projected to the vocabulary ({measured.detail})"
+            )
+        return ALL_POSITIONS + f"logits_to_keep measured wrong ({measured.detail})"
 
     def _loss(self, batch: Batch, labels: Tensor) -> Tensor:
         return self._call(**self._inputs(batch), labels=labels).loss

@@ -48,10 +48,12 @@ MAX_LOGITS = 2**26
 
 @dataclass(frozen=True)
 class Logits:
-    """A request for ``adapter.logits(batch)`` ``[B, T, V]``."""
+    """A request for ``adapter.logits(batch)`` ``[B, T, V]``; ``keep``: of the last ``keep``
+    positions only, ``[B, keep, V]`` (a check that compares only those asks for only those)."""
 
     adapter: Adapter
     batch: Batch
+    keep: int | None = None
 
 
 @dataclass(frozen=True)
@@ -185,9 +187,10 @@ def answer(
                 )
         try:
             with logging_calls(None):  # the stacked call is no case's own: each request was noted above
-                logits = asked[0].adapter.logits(
-                    concat([widen(r.batch, length, side, r.adapter) for r in asked])
-                )  # [sum B, length, V]
+                keep = None if any(r.keep is None for r in asked) else max(r.keep for r in asked)  # type: ignore[type-var]
+                logits = _logits(
+                    asked[0].adapter, concat([widen(r.batch, length, side, r.adapter) for r in asked]), keep
+                )  # [sum B, length or keep, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
                 replies[i] = _forward(forwards[i], log_of(i))
@@ -195,8 +198,11 @@ def answer(
         start = 0
         for i, request in zip(group, asked):
             rows, own = request.batch.size, request.batch.predicted_ids.shape[1]
-            columns = slice(length - own, length) if side == "left" else slice(0, own)
-            replies[i] = logits[start : start + rows, columns]  # [B, T, V] of this request
+            if request.keep is not None:  # the last columns: widened on the left or not at all (_stack_key)
+                columns = slice(logits.shape[1] - min(request.keep, own), logits.shape[1])
+            else:
+                columns = slice(length - own, length) if side == "left" else slice(0, own)
+            replies[i] = logits[start : start + rows, columns]  # [B, T or keep, V] of this request
             start += rows
     return replies
 
@@ -270,9 +276,14 @@ def _forward(request: Logits | Greedy, log: CallLog | None = None) -> Any:
         with _noting_in(log):
             if isinstance(request, Greedy):
                 return greedy(request.adapter, request.batch, request.new_tokens)
-            return request.adapter.logits(request.batch)
+            return _logits(request.adapter, request.batch, request.keep)
     except Exception as exc:
         return exc
+
+
+def _logits(adapter: Adapter, batch: Batch, keep: int | None) -> Tensor:
+    """``adapter.logits(batch, keep)``; without ``keep``, called as any adapter takes it."""
+    return adapter.logits(batch) if keep is None else adapter.logits(batch, keep)
 
 
 def plan(requests: dict[Any, Logits]) -> list[list[Any]]:
@@ -338,7 +349,8 @@ def _stack_key(request: Logits) -> tuple:
     present = tuple(name for name in BATCH_FIELDS if getattr(batch, name) is not None)
     if batch.decoder_input_ids is None:
         kind = _mask_kind(batch.attention_mask)
-        if kind in ("left", "right"):
+        # Kept positions are the last columns: a batch widened on the right would move them.
+        if kind == "left" or (kind == "right" and request.keep is None):
             return (id(request.adapter), present, kind)
         return (id(request.adapter), present, kind, batch.input_ids.shape[1], None)
     kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))

@@ -111,25 +111,41 @@ def same_shape_outcome(
     return verdict(comparison, floor, threshold, what)
 
 
-def with_floor(adapter: Adapter, batch: Batch, where: Tensor, judge: Callable[[Tensor, float], Outcome]) -> Evaluation:
+def with_floor(
+    adapter: Adapter,
+    batch: Batch,
+    where: Tensor,
+    judge: Callable[[Tensor, float], Outcome],
+    keep: int | None = None,
+) -> Evaluation:
     """``judge(logits of batch [B, T, V], floor)`` at floor 0; a judgement that is not a pass
     is made again on ``batch`` run beside its copy, at the floor the copy measures (the
     difference of the two at ``where [B, T]``). Every threshold grows with the floor, so a
-    pass at floor 0 is a pass at any floor, and the copy costs nothing on a case that passes."""
-    logits = yield Logits(adapter, batch)  # [B, T, V]
+    pass at floor 0 is a pass at any floor, and the copy costs nothing on a case that passes.
+    ``keep``: the judge compares only the last ``keep`` positions, and gets (and ``where``
+    covers) only those, ``[B, keep, V]``."""
+    logits = yield Logits(adapter, batch, keep)  # [B, T or keep, V]
     outcome = judge(logits, 0.0)
     if outcome.status == "pass":
         return outcome
-    logits = yield Logits(adapter, concat([batch, batch]))  # [2B, T, V]: the copy gives the floor
+    logits = yield Logits(adapter, concat([batch, batch]), keep)  # [2B, T or keep, V]: the copy gives the floor
     return judge(logits[: batch.size], repeat_floor(logits, batch.size, where))
 
 
 def shape_change_outcome(
-    context: RunContext, reference: Tensor, test: Tensor, where: Tensor, floor: float, what: str, normalise: bool = True
+    context: RunContext,
+    reference: Tensor,
+    test: Tensor,
+    where: Tensor,
+    floor: float,
+    what: str,
+    normalise: bool = True,
+    offset: int = 0,
 ) -> Outcome:
     """``[B, T, V]`` logits computed two ways (cached vs full, saved vs loaded) compared at
-    ``where [B, T]`` under the shape-changing rule; ``normalise=False`` for saved log-probabilities."""
-    comparison = compare_logits(reference, test, where, normalise)
+    ``where [B, T]`` under the shape-changing rule; ``normalise=False`` for saved log-probabilities;
+    ``offset``: the logits are a sequence's from that position on (:func:`compare_logits`)."""
+    comparison = compare_logits(reference, test, where, normalise, offset=offset)
     threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
 

@@ -172,19 +172,22 @@ def _largest(rows: Tensor, normalise: bool) -> float:
 
 
 def compare_logits(
-    reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True
+    reference: Tensor, test: Tensor, where: Tensor, normalise: bool = True, with_scale: bool = True, offset: int = 0
 ) -> Comparison:
     """Compare ``[B, T, V]`` logits at the positions where ``where [B, T]`` is True.
 
     Differences of float64 log-softmax (``normalise=False``: of the values as given, for
     log-probabilities saved over part of a vocabulary); NaN or inf in ``test`` (or
     ``reference``) at a compared position is reported separately and counts as an
-    infinite difference.
+    infinite difference. ``offset``: the logits are those of a sequence's positions from
+    ``offset`` on (its last ones), and positions are reported from the sequence's start.
     """
     where = where.to(device=reference.device, dtype=torch.bool)
     index = where.nonzero(as_tuple=True)
     diff, max_diff, scale = compare_rows(reference[index], test[index], normalise, with_scale)  # [N]
-    return Comparison(max_diff, scale, diff, index, (where.shape[0], where.shape[1]))
+    if offset:
+        index = (index[0], index[1] + offset)
+    return Comparison(max_diff, scale, diff, index, (where.shape[0], offset + where.shape[1]))
 
 
 def dtype_name(dtype: Any) -> str:

@@ -73,9 +73,9 @@ class RecordingAdapter:
                 # a copy: tensors that share memory (the same labels passed twice) cannot be saved apart
                 self.tensors[f"{index:03d}_{call}.{name}"] = value.detach().cpu().clone()
 
-    def logits(self, batch: Batch) -> Any:
+    def logits(self, batch: Batch, keep: int | None = None) -> Any:
         self._keep("logits", batch)
-        return self._adapter.logits(batch)
+        return self._adapter.logits(batch, keep)
 
     def loss(self, batch: Batch, labels: Any) -> Any:
         self._keep("loss", batch, labels=labels)
