@@ -187,7 +187,8 @@ def answer(
                 )
         try:
             with logging_calls(None):  # the stacked call is no case's own: each request was noted above
-                keep = None if any(r.keep is None for r in asked) else max(r.keep for r in asked)  # type: ignore[type-var]
+                keeps = [r.keep for r in asked]
+                keep = None if None in keeps else max(k for k in keeps if k is not None)
                 logits = _logits(
                     asked[0].adapter, concat([widen(r.batch, length, side, r.adapter) for r in asked]), keep
                 )  # [sum B, length or keep, V]
