@@ -25,7 +25,7 @@ gpt2-small's cases at a fiftieth of its compute).
 ``--peer PYTHON`` adds, to gpt2-small's measurement, ``maskcheck audit`` of it against
 pytest-torch's zero-code run of the same factory, each as a whole process (what a user
 waits for), alternating with the timed audits, medians of ``--repeats``: ``--model both
---peer PYTHON --repeats 5`` prints everything in one run. ``--peer-only`` times only those
+--peer PYTHON --repeats 5`` prints everything in one run, ``--scaling``'s table last. ``--peer-only`` times only those
 two processes. ``--scaling`` counts the audit against context
 length and prices it against model size (tiny, 124M and 350M GPT-2 shapes).
 ``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
@@ -354,14 +354,19 @@ def scaling(profile: str) -> None:
     """What the audit asks of a GPT-2 against its context length (counted on the narrow shape
     with that many positions), and what it costs against model size: each size's forward
     cost fitted on this machine, times the forwards and tokens counted. An estimate from
-    the fit, not a timed audit: it shows how the cost grows."""
+    the fit, not a timed audit: it shows how the cost grows (every token priced as if its
+    logits were computed, a little above what the positions left out cost)."""
     counted = {}
     print(f"profile {profile}: forwards and input tokens against the context length (GPT-2 vocabulary)")
     for positions in SCALING_CONTEXTS:
         tallies, _ = count(gpt2_shape(64, 1, 4, positions), profile)
         total = sum(tallies.values(), collections.Counter())
         counted[positions] = total
-        print(f"  context {positions:>5}: {total['forwards']:>6} forwards {total['tokens']:>8} tokens", flush=True)
+        print(
+            f"  context {positions:>5}: {total['forwards']:>6} forwards {total['tokens']:>8} tokens"
+            f" ({total['projected']} projected to the vocabulary)",
+            flush=True,
+        )
     total = counted[1024]
     print(f"\nthe same audit against model size at context 1024, {torch.get_num_threads()} thread(s):")
     print(f"  {'model':<20} {'parameters':>11} {'ms a forward':>13} {'ms a token':>11} {'estimated s':>12}")
@@ -594,6 +599,9 @@ def main() -> int:
         )
         print_measured(name, r, args)
         ok &= r["ratio"] <= 1.3
+    if args.model == "both" and args.peer:  # the whole benchmark in one run: the growth too
+        print()
+        scaling(args.profile)
     return 0 if ok else 1
 
 

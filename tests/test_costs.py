@@ -236,7 +236,13 @@ def test_the_scaling_benchmark_counts_each_context_and_estimates_each_size(monke
     audit_overhead.scaling("dev")
     lines = capsys.readouterr().out.splitlines()
     short, long = (line for line in lines if line.strip().startswith("context"))
-    assert int(short.split()[-2]) < int(long.split()[-2])  # tokens
+
+    def tokens(line: str) -> tuple[int, int]:  # "context N: F forwards T tokens (P projected ...)"
+        counted = line.split("forwards")[1].split()
+        return int(counted[0]), int(counted[2].lstrip("("))
+
+    assert tokens(short)[0] < tokens(long)[0]
+    assert all(projected <= tokens_ for tokens_, projected in map(tokens, (short, long)))
     estimate = next(line for line in lines if line.strip().startswith("narrow"))
     assert float(estimate.split()[-1]) > 0
 
