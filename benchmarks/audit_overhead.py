@@ -19,15 +19,15 @@ instrumented audit that splits each suite's time into the model's forwards, the
 harness's work around them (building cases, comparing, the adapter) and Hypothesis
 with the engine (drawing cases, running checks); its timers add a little overhead of
 their own, so its figures say where the time goes, not what the ratio is.
-``--count`` times nothing: it counts one audit's forwards, rows, input tokens and positions projected to the vocabulary, by suite
-and call path, what the audit asks of any machine (``--model gpt2-narrow`` draws
-gpt2-small's cases at a fiftieth of its compute).
+``--count`` times nothing: it counts one audit's forwards, rows, input tokens and
+positions projected to the vocabulary, by suite and call path, what the audit asks of
+any machine (``--model gpt2-narrow`` draws gpt2-small's cases at a fiftieth of its compute).
 ``--peer PYTHON`` adds, to gpt2-small's measurement, ``maskcheck audit`` of it against
 pytest-torch's zero-code run of the same factory, each as a whole process (what a user
 waits for), alternating with the timed audits, medians of ``--repeats``: ``--model both
---peer PYTHON --repeats 5`` prints everything in one run, ``--scaling``'s table last. ``--peer-only`` times only those
-two processes. ``--scaling`` counts the audit against context
-length and prices it against model size (tiny, 124M and 350M GPT-2 shapes).
+--peer PYTHON --repeats 5`` prints everything in one run, ``--scaling``'s table last.
+``--peer-only`` times only those two processes. ``--scaling`` counts the audit against
+context length and prices it against model size (tiny, 124M and 350M GPT-2 shapes).
 ``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
 layers, 50257 tokens); the cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
 pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine. ``--device cuda``

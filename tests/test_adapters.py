@@ -296,7 +296,7 @@ def test_logits_to_keep_is_used_where_it_measures_right() -> None:
     assert adapter.logits_to_keep.right is True
     on_path = adapter.on_path(adapter.paths()[1].path)  # the paths share the measurement
     assert on_path.logits_to_keep is adapter.logits_to_keep
-    assert adapter.kept_logits().startswith("logits_to_keep: only the compared last positions")
+    assert adapter.describe_kept_logits().startswith("logits_to_keep: only the compared last positions")
 
 
 def test_a_wrong_logits_to_keep_is_measured_and_not_used() -> None:

@@ -61,6 +61,12 @@ def test_bart_decoder_positions_do_not_follow_left_padding() -> None:
     assert checks["greedy_generation"].status == "warn" and "left padding shifts" in checks["greedy_generation"].message
 
 
+#: how the settings check begins where only the documented padding-free setting isolates
+SAFE_ONLY_DOCUMENTED = (
+    "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
+)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mistral"])
 def test_hugging_face_packing_is_safe_only_with_use_cache_false_and_no_mask(name: str) -> None:
     """A finding on transformers 5.x: the padding-free path builds its block-diagonal mask only
@@ -72,9 +78,7 @@ def test_hugging_face_packing_is_safe_only_with_use_cache_false_and_no_mask(name
         assert checks[name_].status == "pass", statuses_of(suite)
     message = checks["settings"].message
     assert checks["settings"].status == "warn"
-    assert message.startswith(
-        "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
-    )
+    assert message.startswith(SAFE_ONLY_DOCUMENTED)
     assert "use_cache left at its default" in message and "attention_mask of ones" in message
 
 
@@ -101,9 +105,7 @@ def test_packing_settings_run_each_sequence_alone_once_and_judge_every_setting_a
         kind.forward = forward  # type: ignore[method-assign]
     assert sorted(n for n in lengths if n < 7) == [3, 4]  # each sequence alone, once
     assert outcome.status == "warn"
-    assert outcome.message.startswith(
-        "packing is safe with: position_ids restarting at 0 per sequence, no attention_mask, use_cache=False."
-    )
+    assert outcome.message.startswith(SAFE_ONLY_DOCUMENTED)
     assert "use_cache left at its default" in outcome.message and "attention_mask of ones" in outcome.message
 
 

@@ -608,13 +608,13 @@ class Adapter(abc.ABC):
         """The logits of the last ``keep`` positions (None: all). Here the model computes
         every position's and the last are sliced; an adapter whose model can compute fewer
         overrides this (harness/adapters/hf.py: ``logits_to_keep``) and says so in
-        :meth:`kept_logits`."""
+        :meth:`describe_kept_logits`."""
         out = self._logits(batch)
         if keep is None or not isinstance(out, Tensor) or out.dim() != 3:
             return out
         return out[:, -keep:]
 
-    def kept_logits(self) -> str:
+    def describe_kept_logits(self) -> str:
         """How a request for the last positions' logits is answered, for the report."""
         return ALL_POSITIONS + "this adapter has no way to ask for fewer"
 

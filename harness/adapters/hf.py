@@ -328,7 +328,7 @@ class HFAdapter(Adapter):
             return full[:, -keep:]
         return self._call(**self._inputs(batch), logits_to_keep=keep).logits
 
-    def kept_logits(self) -> str:
+    def describe_kept_logits(self) -> str:
         measured = self.logits_to_keep
         if not measured.named:
             return ALL_POSITIONS + "the model's forward takes no logits_to_keep"

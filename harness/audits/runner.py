@@ -246,7 +246,7 @@ def audit(
         if progress:
             progress("done", name, result)
     # Measured on the first check that asked for the last positions only: known after the suites.
-    result.environment["logits_to_keep"] = adapter.kept_logits()
+    result.environment["logits_to_keep"] = adapter.describe_kept_logits()
     for name in probes:
         result.probes.append(_probe(name, adapter, seed, report_dir))
     return result
