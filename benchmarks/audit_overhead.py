@@ -26,8 +26,10 @@ any machine (``--model gpt2-narrow`` draws gpt2-small's cases at a fiftieth of i
 pytest-torch's zero-code run of the same factory, each as a whole process (what a user
 waits for), alternating with the timed audits, medians of ``--repeats``: ``--model both
 --peer PYTHON --repeats 5`` prints everything in one run, ``--scaling``'s table last.
-``--peer-only`` times only those two processes. ``--scaling`` counts the audit against
-context length and prices it against model size (tiny, 124M and 350M GPT-2 shapes).
+``--peer-only`` times only those two processes; with ``--examples N``, the audit of N
+cases a check (``--examples 1``: the minimal cases alone, the smallest audit of every suite
+and path). ``--scaling`` counts the audit against context length and prices it against
+model size (tiny, 124M and 350M GPT-2 shapes).
 ``gpt2-small`` is a random-init GPT-2 with the 124M-parameter shape (768 wide, 12
 layers, 50257 tokens); the cases keep the ``ci`` profile's own shapes. One torch thread by default, as a
 pytest-xdist worker; ``--threads 2`` uses both cores of the CI machine. ``--device cuda``
@@ -532,7 +534,10 @@ def main() -> int:
         help="only count one audit's forwards and tokens by suite and call path (no timing; gpt2-narrow draws gpt2-small's cases)",
     )
     parser.add_argument(
-        "--examples", type=int, metavar="N", help="with --count: cases a check draws instead of the profile's"
+        "--examples",
+        type=int,
+        metavar="N",
+        help="with --count or --peer-only: cases a check draws instead of the profile's",
     )
     parser.add_argument(
         "--scaling",
@@ -540,8 +545,8 @@ def main() -> int:
         help="only count the audit against context length and estimate its cost against model size (fitted forward cost x counts)",
     )
     args = parser.parse_args()
-    if args.examples is not None and (not args.count or args.examples < 1):
-        parser.error("--examples takes a positive count and goes with --count")
+    if args.examples is not None and (not (args.count or args.peer_only) or args.examples < 1):
+        parser.error("--examples takes a positive count and goes with --count or --peer-only")
     torch.set_num_threads(args.threads)
     if args.scaling:
         scaling(args.profile)

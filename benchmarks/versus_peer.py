@@ -39,11 +39,14 @@ def timed_process(command: list[str], threads: int) -> tuple[float, subprocess.C
         return time.perf_counter() - started, done
 
 
-def audit_process(profile: str, threads: int) -> tuple[float, float, str]:
+def audit_process(profile: str, threads: int, examples: int | None = None) -> tuple[float, float, str]:
     """``maskcheck audit module:peer_models:gpt2_small`` as its own process, what a user waits
     for (the interpreter, the imports, the model's construction and the audit): wall seconds,
-    the seconds the audit reports, and its verdict line."""
+    the seconds the audit reports, and its verdict line. ``examples``: ``--examples``, the
+    cases a check draws instead of the profile's."""
     command = [sys.executable, "-m", "maskcheck", "audit", "module:peer_models:gpt2_small", "--profile", profile, "-q"]
+    if examples is not None:
+        command += ["--examples", str(examples)]
     wall, done = timed_process(command, threads)
     verdict = next((line for line in done.stdout.splitlines() if line.startswith("verdict: ")), "")
     if not verdict or done.returncode not in (0, 1):
@@ -76,14 +79,14 @@ def peer_run(python: str, threads: int) -> tuple[float, float, str]:
     return wall, reported, summary
 
 
-def versus_peer(profile: str, repeats: int, peer: str, threads: int) -> dict[str, Any]:
-    """``maskcheck audit`` of gpt2-small and the peer's zero-code run on the same model, each
-    a whole process, alternating, ``repeats`` times each: medians of wall time and of what
-    each reports, and the audit's verdict line."""
+def versus_peer(profile: str, repeats: int, peer: str, threads: int, examples: int | None = None) -> dict[str, Any]:
+    """``maskcheck audit`` of gpt2-small (``examples`` cases a check, None: the profile's) and
+    the peer's zero-code run on the same model, each a whole process, alternating, ``repeats``
+    times each: medians of wall time and of what each reports, and the audit's verdict line."""
     audits, peers = [], []
     for _ in range(repeats):
         peers.append(peer_run(peer, threads))
-        audits.append(audit_process(profile, threads))
+        audits.append(audit_process(profile, threads, examples))
     return medians(audits, peers)
 
 
@@ -116,9 +119,11 @@ def print_comparison(r: dict[str, Any]) -> None:
 
 
 def print_versus_peer(args: argparse.Namespace) -> None:
-    """``--peer-only``: the audit and the peer's zero-code run of gpt2-small, alternating."""
+    """``--peer-only``: the audit and the peer's zero-code run of gpt2-small, alternating;
+    with ``--examples N``, the audit of N cases a check."""
+    cases = "" if args.examples is None else f", {args.examples} case(s) a check"
     print(
-        f"gpt2-small, profile {args.profile}, torch {torch.__version__}, {args.threads} thread(s), "
+        f"gpt2-small, profile {args.profile}{cases}, torch {torch.__version__}, {args.threads} thread(s), "
         f"whole processes, median of {args.repeats}, alternating"
     )
-    print_comparison(versus_peer(args.profile, args.repeats, args.peer, args.threads))
+    print_comparison(versus_peer(args.profile, args.repeats, args.peer, args.threads, args.examples))

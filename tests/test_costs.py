@@ -137,6 +137,27 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
     assert not model.training and next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)) == dropout
 
 
+def test_the_peer_comparison_audits_the_case_count_asked(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``--peer-only --examples N`` times the audit of N cases a check (the smallest audit's
+    cost against the peer's run), and without ``--examples``, the profile's own count."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import versus_peer
+
+    commands: list[list[str]] = []
+
+    def timed(command: list[str], threads: int) -> tuple[float, subprocess.CompletedProcess]:
+        commands.append(command)
+        return 1.0, subprocess.CompletedProcess(command, 0, "verdict: PASS in 0.5s (exit 0)\n", "")
+
+    monkeypatch.setattr(versus_peer, "timed_process", timed)
+    assert versus_peer.audit_process("ci", 1, examples=1)[1] == 0.5
+    versus_peer.audit_process("ci", 1)
+    assert commands[0][-2:] == ["--examples", "1"] and "--examples" not in commands[1]
+
+
 def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_what_it_timed() -> None:
     import sys
 
