@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,14 @@ from maskcheck.harness.audits.costs import kv_formula, profile, tensor_bytes
 from maskcheck.harness.cli import main
 from maskcheck.harness.engine.cases import GRADIENT_CASES
 from maskcheck.reference_models.hf_tiny import tiny_model
+
+
+def benchmarks_on_path() -> None:
+    """Put benchmarks/ on ``sys.path``, once: its scripts import each other by name, as they
+    do when run from that folder."""
+    folder = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def test_kv_bytes_per_token_match_the_formula_for_reference_and_hugging_face(tmp_path: Path) -> None:
@@ -111,9 +120,7 @@ def test_the_overhead_benchmark_records_the_audit_it_times() -> None:
     audit. The calls are replayed as they were made: the training path's forwards with
     gradients in train mode, the gradient checks' with their backward, and the model is
     left as it was."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     from audit_overhead import Recorder, replay
 
     from maskcheck.harness.adapters.specs import adapter_for
@@ -141,9 +148,8 @@ def test_the_peer_comparison_audits_the_case_count_asked(monkeypatch) -> None:  
     """``--peer-only --examples N`` times the audit of N cases a check (the smallest audit's
     cost against the peer's run), and without ``--examples``, the profile's own count."""
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     import versus_peer
 
     commands: list[list[str]] = []
@@ -159,9 +165,7 @@ def test_the_peer_comparison_audits_the_case_count_asked(monkeypatch) -> None:  
 
 
 def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_what_it_timed() -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     from audit_overhead import breakdown
 
     from maskcheck.harness.audits import runner
@@ -190,9 +194,7 @@ def test_the_overhead_benchmark_breakdown_accounts_for_every_suite_and_restores_
 def test_the_overhead_benchmark_runs_the_model_in_the_dtype_asked() -> None:
     """``--dtype bfloat16`` (with ``--device cuda``, the prepared GPU run): the audit and the
     replayed forwards both run the low-precision model."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     from audit_overhead import measure
 
     result = measure("tiny-reference", "dev", repeats=1, dtype="bfloat16")
@@ -204,9 +206,7 @@ def test_the_overhead_benchmark_runs_the_model_in_the_dtype_asked() -> None:
 def test_the_overhead_benchmark_counts_every_forward_the_audit_makes_by_suite_and_path() -> None:
     """``--count``: the forwards it counts are the ones the recorder records, the other call
     paths are told apart from the canonical one, and what it patched is restored."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     from audit_overhead import Recorder, count
 
     from maskcheck.harness.audits import runner
@@ -230,9 +230,7 @@ def test_the_overhead_benchmark_counts_every_forward_the_audit_makes_by_suite_an
 
 def test_the_cases_needed_benchmark_finds_the_fewest_cases_that_catch_a_seeded_bug() -> None:
     """A bug the minimal case shows needs 1; one that needs a long row needs the drawn case too."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     from cases_needed import needed
 
     from maskcheck.harness.audits import runner
@@ -246,9 +244,7 @@ def test_the_cases_needed_benchmark_finds_the_fewest_cases_that_catch_a_seeded_b
 def test_the_scaling_benchmark_counts_each_context_and_estimates_each_size(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """``--scaling``: a longer context draws longer cases up to the profile's cap, and each
     model size gets the counted audit priced by its own fitted forward cost."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    benchmarks_on_path()
     import audit_overhead
 
     monkeypatch.setattr(audit_overhead, "SCALING_CONTEXTS", (16, 1024))
