@@ -13,6 +13,9 @@ position's own token), the collator (decoder inputs that are the labels) and the
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -192,6 +195,15 @@ def hf_causal_lm(model_type: str) -> tuple[Any, str]:
     return tiny_model(model_type).train(), "uniform"
 
 
+def scratch_directory() -> str:
+    """A trainer's ``output_dir``, removed when the process exits: the canary saves nothing
+    there (``save_strategy="no"``), but the arguments need a directory, and a run must leave
+    no folders behind in the system's temporary directory."""
+    path = tempfile.mkdtemp(prefix="maskcheck-canary-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def clean_hf_gpt2() -> tuple[Any, str]:
     """A tiny GPT-2, trained on its own loss."""
     return hf_causal_lm("gpt2")
@@ -209,12 +221,10 @@ def clean_hf_mistral() -> tuple[Any, str]:
 
 def clean_trainer() -> tuple[Any, str]:
     """A transformers ``Trainer`` on a tiny Llama with the default collator."""
-    import tempfile
-
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     arguments = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="maskcheck-canary-"),
+        output_dir=scratch_directory(),
         learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant",
         use_cpu=True,
@@ -230,8 +240,6 @@ def sft_trainer(packing: bool, packing_strategy: str = "bfd") -> Any:
     (each example its own padded row), or ``packing=True`` with ``packing_strategy`` (TRL's
     default ``bfd``: best-fit decreasing into rows of ``max_length``, padding-free; or
     ``wrapped``: documents back to back, which lets them read each other by design)."""
-    import tempfile
-
     try:
         from trl import SFTConfig, SFTTrainer
     except ImportError as exc:
@@ -241,7 +249,7 @@ def sft_trainer(packing: bool, packing_strategy: str = "bfd") -> Any:
     from .hf_tiny import tiny_tokenizer
 
     arguments = SFTConfig(
-        output_dir=tempfile.mkdtemp(prefix="maskcheck-canary-"),
+        output_dir=scratch_directory(),
         learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant",  # as the step pipelines train: a decay to 0 over the steps halves what they learn
         max_length=32,

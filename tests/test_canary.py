@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -290,3 +291,21 @@ def test_a_hand_written_loop_step_takes_its_model_and_the_batch() -> None:
     assert assert_no_leak((step, trained(_fresh_reference())), settings=CI).status == "pass"
     with pytest.raises(CanaryFired, match="labels not shifted"):
         assert_no_leak((lambda m, b: step(m, b, shift=False), trained(_fresh_reference())), settings=CI)
+
+
+def test_building_the_trainer_pipelines_leaves_nothing_in_the_temporary_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A trainer's arguments need an output_dir; the pipelines' own scratch directories go
+    with the process that made them (in a process of its own, so its exit is the one seen)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    names = ["clean_trainer"] + [name for name in NEEDS if importlib.util.find_spec(NEEDS[name])]
+    code = (
+        "import tempfile; from maskcheck.reference_models.pipelines import PIPELINES\n"
+        f"for name in {names!r}: PIPELINES[name][0]()\n"
+        "print(tempfile.gettempdir())"
+    )
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(scratch), done.stdout
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("maskcheck-")) == []
