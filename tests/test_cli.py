@@ -201,6 +201,29 @@ def test_the_table_explains_every_failing_check_and_its_worst_diff() -> None:
     )
 
 
+def test_a_suite_line_says_how_many_of_its_checks_ran_and_why_the_others_did_not() -> None:
+    from maskcheck.harness.engine.verdict import CheckResult
+    from maskcheck.harness.report.render import render_markdown, render_table
+
+    checks = [
+        CheckResult("pad_ids", "pass", "", 0.0, 0.0, 0.1),
+        CheckResult("extra_padding", "not_applicable", "the cache takes no mask"),
+        CheckResult("padded_vs_unpadded", "not_applicable", "no unpadded call"),
+    ]
+    line = render_table(synthetic_result(checks), "synthetic", 0.1).splitlines()[2]
+    assert line.split()[:3] == ["padding", "PASS", "1/3"], line
+    assert "n/a: extra_padding (the cache takes no mask), padded_vs_unpadded (no unpadded call)" in line, line
+    report = synthetic_result(checks).to_dict()  # type: ignore[attr-defined]
+    assert report["suites"][0]["checks_run"] == 1
+    assert "| padding | PASS 1/3 | 3 |" in render_markdown(report)
+    nothing_ran = [CheckResult("pad_ids", "not_applicable", "no mask")]
+    line = render_table(synthetic_result(nothing_ran), "synthetic", 0.1).splitlines()[2]
+    assert line.split()[:2] == ["padding", "n/a"], line
+    every_one = [CheckResult("pad_ids", "pass", "", 0.0, 0.0, 0.1)]
+    line = render_table(synthetic_result(every_one), "synthetic", 0.1).splitlines()[2]
+    assert line.split()[:3] == ["padding", "PASS", "3"], line
+
+
 def test_report_md_keeps_the_output_input_pairs_of_a_pattern_leak(tmp_path: Path) -> None:
     assert main(["audit", "mutant:causal_sees_next_token", "--suites", "causal", "-q", "--report", str(tmp_path)]) == 1
     markdown = (tmp_path / "report.md").read_text()

@@ -31,6 +31,7 @@ class CheckResult:
     positions_label: str = "row, position"  # "output, input" for an influence pattern
     table: list[dict[str, Any]] = field(default_factory=list)  # rows the report shows as a table
     caveat: str | None = None  # the explanation the message ends with, by name (harness/engine/cases.py: CAVEATS)
+    convention: str | None = None  # which of several correct conventions it measured the model to follow
     # The call paths it ran on (harness/adapters/paths.py), canonical first: each
     # {"path", "status", "cases"} or {"path", "status": "not_run", "reason"} for one that cannot run.
     paths: list[dict[str, Any]] = field(default_factory=list)
@@ -59,10 +60,16 @@ class SuiteResult:
             return "not_applicable"
         return worst([c.status for c in self.checks])
 
+    @property
+    def checks_run(self) -> int:
+        """How many of its checks ran (every status but ``not_applicable``)."""
+        return sum(c.status != "not_applicable" for c in self.checks)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": self.status,
+            "checks_run": self.checks_run,
             "cases": self.cases,
             "seconds": round(self.seconds, 3),
             "checks": [c.to_dict() for c in self.checks],

@@ -165,10 +165,12 @@ def _report_verdict(result: Any, adapter: Any, suite: str, item: Any) -> Any:
     if suite_result.status in FAILING:
         raise MaskcheckFailure(verdict_text(result))
     for check in suite_result.checks:
-        if check.status == "warn":
+        # A pass must not stand silently on checks that did not run: each is a warning with its reason.
+        if check.status in ("warn", "not_applicable"):
+            said = check.message if check.status == "warn" else f"not run (n/a): {check.message}"
             filename, lineno = warning_location(item, adapter.spec)
             warnings.warn_explicit(
-                MaskcheckWarning(f"maskcheck {suite}/{check.name} on {adapter.spec}: {check.message}"),
+                MaskcheckWarning(f"maskcheck {suite}/{check.name} on {adapter.spec}: {said}"),
                 MaskcheckWarning,
                 filename,
                 lineno,

@@ -27,6 +27,34 @@ def one_line(text: str, width: int | None = 110) -> str:
     return text if width is None or len(text) <= width else text[: width - 3] + "..."
 
 
+def status_text(status: str, checks: list[Any]) -> str:
+    """A suite's status as its line shows it: ``PASS``, or ``PASS 1/3`` where one of its three
+    checks ran and the others were not applicable, so a line never stands on checks that did
+    not run without saying so. A suite none of whose checks ran is ``n/a``."""
+    ran = sum(c.status != "not_applicable" for c in checks)
+    if status == "not_applicable" or ran == len(checks):
+        return STATUS_MARK[status]
+    return f"{STATUS_MARK[status]} {ran}/{len(checks)}"
+
+
+def untested_text(checks: list[Any]) -> str:
+    """What a passing suite did not test: ``n/a: incremental (why), greedy_generation (why)``."""
+    skipped = [f"{c.name} ({c.message})" if c.message else c.name for c in checks if c.status == "not_applicable"]
+    return "n/a: " + ", ".join(skipped) if skipped else ""
+
+
+def suite_reason(status: str, checks: list[Any]) -> str:
+    """The reason on a suite's line: its worst check's message, or for a pass the checks that
+    did not run and why."""
+    if status == "pass":
+        conventions = [f"{c.name}: {c.convention}" for c in checks if getattr(c, "convention", None)]
+        return "; ".join(
+            [*(["convention: " + ", ".join(conventions)] if conventions else []), untested_text(checks)]
+        ).strip("; ")
+    worst_check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
+    return "" if worst_check is None else worst_check.message
+
+
 def diff_text(check: Any) -> str:
     if check is None or check.max_diff is None or not check.threshold:
         return ""
@@ -68,12 +96,11 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
     width = None if verbose else 110  # -v shows whole reasons: the advice is at their end
     rows = [("suite", "status", "cases", "worst diff / threshold", "reason")]
     for suite in result.suites:
-        check = suite.worst_check()
-        reason = "" if check is None else (check.message if suite.status != "pass" else "")
+        reason = suite_reason(suite.status, suite.checks)
         rows.append(
             (
                 suite.name,
-                STATUS_MARK[suite.status],
+                status_text(suite.status, suite.checks),
                 str(suite.cases),
                 diff_text(suite.largest_diff_check()),
                 one_line(reason, width),
@@ -86,6 +113,8 @@ def render_table(result: Any, title: str, seconds: float, verbose: bool = False)
                     rows.append(("", "", "", "", f"paths: {paths_text(c)}"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"maskcheck audit of {title}"]
+    if result.environment.get("wrapper"):
+        lines.append(f"  {result.environment['wrapper']}")
     for r in rows:
         lines.append(("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4]).rstrip())
     lines += path_lines(result.environment)
@@ -155,11 +184,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     details = []
     for suite in report["suites"]:
         checks = [_Check(c) for c in suite["checks"]]
-        check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
         largest = max((c for c in checks if c.max_diff is not None and c.threshold), key=diff_ratio, default=None)
-        reason = "" if check is None or suite["status"] == "pass" else one_line(check.message, 160)
+        reason = one_line(suite_reason(suite["status"], checks), 160)
         lines.append(
-            f"| {suite['name']} | {STATUS_MARK[suite['status']]} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |"
+            f"| {suite['name']} | {status_text(suite['status'], checks)} | {suite['cases']} | {diff_text(largest)} | {reason.replace('|', chr(92) + '|')} |"
         )
         details += [
             (suite, c) for c in checks if c.status not in ("pass", "not_applicable") or getattr(c, "table", None)
