@@ -37,7 +37,7 @@ from .path_bugs import (
     bfloat16,
     llama_padding_backward_leak,
 )
-from .plain import SERVING_BUGS, StepReadsPadding, plain_decoder
+from .plain import MASK_BUGS, SERVING_BUGS, StepReadsPadding, plain_decoder
 from .reference_bugs import (
     DECODER,
     ENCODER,
@@ -54,6 +54,8 @@ from .reference_bugs import (
     LossCountedBeforeShift,
     LossCountsIgnored,
     LossOverAllPositions,
+    LossSmoothed,
+    LossSmoothingCountsIgnored,
     LossWithoutShift,
     PaddingIgnored,
     PaddingOfLastRow,
@@ -176,6 +178,17 @@ MUTANTS: dict[str, Mutant] = {
         _ref("loss_over_all_positions", "loss_masking", "reference_loss", DECODER, model=LossOverAllPositions),
         _ref("loss_counted_before_shift", "loss_masking", "reference_loss", DECODER, model=LossCountedBeforeShift),
         _ref("loss_counts_ignored", "loss_masking", "reference_loss", DECODER, model=LossCountsIgnored),
+        *(
+            Mutant(
+                f"loss_smoothing_counts_ignored{suffix}",
+                "loss_masking",
+                "ignored_logits",
+                _doc(LossSmoothingCountsIgnored) + f" ({config.family})",
+                lambda config=config: seeded_reference(config, model=LossSmoothingCountsIgnored),
+                lambda config=config: seeded_reference(config, model=LossSmoothed),
+            )
+            for suffix, config in (("", DECODER), ("_seq2seq", ENCODER_DECODER))
+        ),
         _ref("packing_segments_ignored", "packing", "segment_isolation", DECODER, decoder=SegmentsIgnored),
         _ref(
             "packing_encoder_segments_ignored",
@@ -205,6 +218,17 @@ MUTANTS: dict[str, Mutant] = {
             _doc(StepReadsPadding),
             lambda: plain_decoder(buggy=True),
             plain_decoder,
+        ),
+        *(
+            Mutant(
+                f"module_mask_{bug}",
+                "padding",
+                "pad_ids",  # the drawn case that shows it; mask_read fails beside it with the measurement
+                _doc(MASK_BUGS[bug]),
+                lambda bug=bug: plain_decoder(mask_bug=bug),
+                plain_decoder,
+            )
+            for bug in MASK_BUGS
         ),
         *(
             Mutant(

@@ -201,12 +201,40 @@ class ResetKeepsLastLayer(PlainDecoder):
         return cache.layers[:-1]
 
 
+class MaskIgnored(PlainDecoder):
+    """A plain decoder whose forward ignores its attention_mask: padded slots are read as tokens."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return super().forward(input_ids)
+
+
+class MaskFromPadIds(PlainDecoder):
+    """A plain decoder whose forward ignores its attention_mask and masks the slots holding the
+    pad id instead: right while the padded slots hold it, wrong for any other id there."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return super().forward(input_ids, (input_ids != self.maskcheck_capabilities["pad_token_id"]).long())
+
+
+class MaskInverted(PlainDecoder):
+    """A plain decoder whose forward reads its attention_mask as True = padding (passes
+    ``attention_mask.bool()`` where PyTorch's key_padding_mask goes): it hides the real tokens."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return super().forward(input_ids, None if attention_mask is None else (~attention_mask.bool()).long())
+
+
 SERVING_BUGS = {"rollback": RollbackKeepsPosition, "reorder": ReorderKeysOnly, "reset": ResetKeepsLastLayer}
+MASK_BUGS = {"ignored": MaskIgnored, "from_pad_ids": MaskFromPadIds, "inverted": MaskInverted}
 
 
-def plain_decoder(seed: int = 0, buggy: bool = False, serving_bug: str | None = None) -> PlainDecoder:
+def plain_decoder(
+    seed: int = 0, buggy: bool = False, serving_bug: str | None = None, mask_bug: str | None = None
+) -> PlainDecoder:
     """The clean decoder, or one with a bug: ``buggy`` its step's mask, ``serving_bug`` one
-    of :data:`SERVING_BUGS` (the same weights: the seed draws them)."""
+    of :data:`SERVING_BUGS`, ``mask_bug`` one of :data:`MASK_BUGS` (the same weights: the
+    seed draws them)."""
     torch.manual_seed(seed)
-    cls = SERVING_BUGS[serving_bug] if serving_bug else (StepReadsPadding if buggy else PlainDecoder)
+    cls = StepReadsPadding if buggy else PlainDecoder
+    cls = SERVING_BUGS[serving_bug] if serving_bug else MASK_BUGS[mask_bug] if mask_bug else cls
     return cls().eval()

@@ -194,6 +194,38 @@ class LossCountsIgnored(Transformer):
         return super().loss(logits, labels)
 
 
+#: the label smoothing of the smoothed losses below (fairseq's and many MT recipes' default)
+SMOOTHING = 0.1
+
+
+class LossSmoothed(Transformer):
+    """A correct label-smoothed cross-entropy (PyTorch's ``label_smoothing``): not a bug, the
+    clean twin of :class:`LossSmoothingCountsIgnored`."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        if self.config.family == "decoder":
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            label_smoothing=SMOOTHING,
+        )
+
+
+class LossSmoothingCountsIgnored(Transformer):
+    """A hand-written label-smoothed loss whose smoothing term averages over every position,
+    the ignored (-100) targets and padding included."""
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        if self.config.family == "decoder":
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        flat = logits.reshape(-1, logits.shape[-1]).float()  # [N, V]
+        nll = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        uniform = -torch.log_softmax(flat, -1).mean(-1).mean()  # over all N positions: the bug
+        return (1 - SMOOTHING) * nll + SMOOTHING * uniform
+
+
 # -- packing ----------------------------------------------------------------------------------
 
 

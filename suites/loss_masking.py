@@ -5,6 +5,17 @@ Checks (models that compute their own loss)
   own logits: targets shifted by one for decoders (position t predicts token t + 1),
   unshifted for encoders (MLM) and encoder-decoders, ``-100`` ignored, mean over valid
   targets. On a mismatch the message says which common mistake the loss matches.
+  A loss that differs is fitted once more as a label-smoothed cross-entropy (PyTorch's
+  ``label_smoothing``: ``(1 - e) * nll + e * mean over the vocabulary of -log p``, both
+  terms over valid targets): the model's loss of the case's labels and of the same valid
+  positions labelled with their most likely tokens give ``e``, which must then predict the
+  first loss within the threshold, with ``0 < e < 1``. A fit is the loss's convention, said
+  in the check's message and on the suite's line; a wrong shift or normaliser fits no ``e``.
+- ``ignored_logits``: what must hold in every convention, exactly: the loss's gradient with
+  respect to the logits that predict an ignored (-100) target, or none (a decoder's last
+  position), is zero. It holds on a random-init model, whose near-uniform logits hide most
+  differences in the loss's value (a smoothing term averaged over the ignored positions too
+  moves the loss by a tenth of a percent there, and its gradient by all of it).
 - ``padded_inputs``: changing the ids at padded slots (labelled -100) leaves the loss
   unchanged (same-shape rule).
 - ``extra_padding``: adding padding columns (labelled -100) leaves the loss unchanged.
@@ -34,6 +45,7 @@ from torch import Tensor
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import (
+    GRADIENT_CASES,
     left_padding_caveat,
     pad_rows,
     pad_token,
@@ -43,6 +55,7 @@ from ..harness.engine.cases import (
     random_rows,
     row_lengths,
     without_positional_caveats_if,
+    zero_gradient_outcome,
 )
 from ..harness.engine.strategies import case_strategy
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
@@ -87,6 +100,62 @@ def reference_cross_entropy(logits: Tensor, labels: Tensor, shift: bool, normali
     return float(total / count)
 
 
+def uniform_target_loss(logits: Tensor, labels: Tensor, shift: bool) -> float:
+    """The smoothing term of a label-smoothed cross-entropy, in float64: the mean over valid
+    targets of ``-mean over the vocabulary of log p``."""
+    if shift:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    valid = labels != IGNORE  # [B, T]
+    log_p = torch.log_softmax(logits.double(), -1)[valid]  # [N, V]
+    return float(-log_p.mean(-1).mean()) if valid.any() else 0.0
+
+
+def ignored_positions(labels: Tensor, shift: bool) -> Tensor:
+    """``[B, T]`` True at the positions whose logits no valid target is scored against: a
+    decoder's position t predicts ``labels[t + 1]`` (its last position predicts nothing)."""
+    if not shift:
+        return labels == IGNORE
+    ignored = torch.ones_like(labels, dtype=torch.bool)
+    ignored[:, :-1] = labels[:, 1:] == IGNORE
+    return ignored
+
+
+def likeliest_targets(logits: Tensor, labels: Tensor, shift: bool) -> Tensor:
+    """``labels`` with each valid target replaced by the token its logits rank first, so the
+    same positions are scored, each at its lowest cross-entropy: against the case's labels it
+    moves the cross-entropy term as far as the logits allow and the smoothing term not at all."""
+    predicted = logits.argmax(-1).to(labels.device)  # [B, T]
+    if shift:
+        predicted = torch.cat([labels[:, :1], predicted[:, :-1]], dim=1)  # labels[t + 1] is read at logits[t]
+    return torch.where(labels == IGNORE, labels, predicted)
+
+
+@dataclass(frozen=True)
+class SmoothingFit:
+    """A label smoothing that explains the model's loss: ``(1 - e) * cross_entropy + e * uniform``."""
+
+    smoothing: float
+    residual: float  # |the model's loss - the fitted loss|, on the case's labels
+
+    def describe(self) -> str:
+        return f"label-smoothed cross-entropy, smoothing {self.smoothing:.4g} (fitted)"
+
+
+def fit_smoothing(
+    measured: float, other: float, logits: Tensor, labels: Tensor, other_labels: Tensor, shift: bool
+) -> SmoothingFit | None:
+    """The smoothing ``e`` that makes ``measured`` (the loss of ``labels``) and ``other`` (of
+    ``other_labels``, the same valid positions) two label-smoothed cross-entropies of
+    ``logits``; None when the two labellings do not move the cross-entropy enough to tell."""
+    first = reference_cross_entropy(logits, labels, shift)
+    second = reference_cross_entropy(logits, other_labels, shift)
+    if abs(first - second) <= 1e-6 * max(1.0, abs(first)):
+        return None
+    smoothing = 1.0 - (measured - other) / (first - second)
+    fitted = (1.0 - smoothing) * first + smoothing * uniform_target_loss(logits, labels, shift)
+    return SmoothingFit(smoothing, abs(measured - fitted))
+
+
 class LossMaskingSuite(Suite):
     name = "loss_masking"
     summary = "the loss counts only valid target positions, with the right shift and normaliser"
@@ -95,6 +164,7 @@ class LossMaskingSuite(Suite):
     in_sweep = True
     long_rows_on_paths = False
     _shifted = False  # set by checks(): whether the model's loss shifts its targets (a decoder)
+    _fits: list[SmoothingFit] = []  # set by checks(): the label smoothings reference_loss fitted, case by case
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_loss:
@@ -103,6 +173,7 @@ class LossMaskingSuite(Suite):
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         self._shifted = adapter.capabilities.family == "decoder"
+        self._fits = []
         longest = max(3, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
         cases = loss_cases(longest)  # one strategy object: the three checks share its draws
         # ... and each computes the model's loss on the case's padded batch: once per case.
@@ -114,15 +185,26 @@ class LossMaskingSuite(Suite):
             return padded_loss[case]
 
         reference = Check("reference_loss", lambda c: self.reference_loss(adapter, context, c, loss_of), cases)
+        # A backward a case, of the loss alone: it evaluates the reference check's most informative cases.
+        ignored = Check(
+            "ignored_logits",
+            lambda c: self.ignored_logits(adapter, context, c),
+            cases,
+            max_examples=GRADIENT_CASES,
+            on_paths=False,
+            replays=GRADIENT_CASES,
+        )
         if not adapter.capabilities.takes_attention_mask:
             unpadded = "the model takes no attention mask, so its rows cannot be padded"
             return [
                 reference,
+                ignored,
                 CheckResult("padded_inputs", "not_applicable", unpadded),
                 CheckResult("extra_padding", "not_applicable", unpadded),
             ]
         checks = [
             reference,
+            ignored,
             Check("padded_inputs", lambda c: self.padded_inputs(adapter, context, c, loss_of), cases),
             Check("extra_padding", lambda c: self.extra_padding(adapter, context, c, loss_of), cases),
         ]
@@ -134,6 +216,13 @@ class LossMaskingSuite(Suite):
         decoder's padded_inputs notes the left-padded first target it leaves out."""
         without_positional_caveats_if(results, "padded_inputs")
         for result in results:
+            if result.name == "reference_loss" and result.status == "pass" and self._fits:
+                smoothing = sorted(fit.smoothing for fit in self._fits)[len(self._fits) // 2]
+                result.convention = (
+                    f"label-smoothed cross-entropy, smoothing {smoothing:.3g} (fitted on {len(self._fits)} cases)"
+                )
+                if "label-smoothed" not in result.message:
+                    result.message = f"the loss is a {result.convention}; {result.message}"
             if result.name == "padded_inputs" and self._shifted and result.status in ("pass", "warn"):
                 result.message += LEFT_PADDED_FIRST_TARGET
 
@@ -189,9 +278,48 @@ class LossMaskingSuite(Suite):
         outcome = self._judge(
             context, measured, expected, 0.0, "the model's loss differs from cross-entropy over valid targets", True
         )
-        if outcome.status == "fail":
-            outcome.message += "; " + self._diagnose(logits, labels, shift, measured, outcome.threshold)
+        if outcome.status != "fail":
+            return outcome
+        other_labels = likeliest_targets(logits, labels, shift)
+        fit = fit_smoothing(measured, float(adapter.loss(batch, other_labels)), logits, labels, other_labels, shift)
+        if fit is not None and 0.0 < fit.smoothing < 1.0 and fit.residual <= outcome.threshold:
+            self._fits.append(fit)
+            return Outcome(
+                "pass",
+                fit.residual,
+                0.0,
+                outcome.threshold,
+                message=(
+                    f"the loss is a {fit.describe()}: it predicts the model's loss {measured:.6g} within "
+                    f"{fit.residual:.3g} (threshold {outcome.threshold:.3g}), its cross-entropy alone by {outcome.max_diff:.3g}"
+                ),
+            )
+        outcome.message += "; " + self._diagnose(logits, labels, shift, measured, outcome.threshold)
+        if fit is not None:
+            outcome.message += (
+                f"; nor is it label-smoothed: the smoothing that fits a second labelling of the same targets, "
+                f"{fit.smoothing:.4g}, misses this loss by {fit.residual:.3g}"
+            )
         return outcome
+
+    def ignored_logits(self, adapter: Adapter, context: RunContext, case: LossCase) -> Outcome:
+        """The gradient of the model's loss with respect to the logits that predict no valid
+        target must be zero (``zero_gradient_outcome``): the loss does not read them."""
+        batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
+        shift = adapter.capabilities.family == "decoder"
+        gradients = adapter.loss_logit_gradients(batch, labels)  # [B, T]
+        predicts = "its next token's label" if shift else "its label"
+        what = f"the loss reads the logits of positions whose target ({predicts}) is ignored (-100) or absent"
+        nonfinite = "the loss's backward is NaN/inf"
+        return zero_gradient_outcome(
+            context,
+            gradients,
+            ignored_positions(labels, shift).cpu(),
+            what,
+            "the logits",
+            nonfinite,
+            "a scored position",
+        )
 
     def _diagnose(self, logits: Tensor, labels: Tensor, shift: bool, measured: float, threshold: float) -> str:
         candidates = {

@@ -11,6 +11,9 @@ cross_attention suite's business)
 - ``batch_composition``: a row's logits do not depend on the other rows of its batch:
   other contents, other lengths, fully padded rows, and batches with no padding at all
   (some attention backends build no mask when nothing is padded).
+- ``mask_read``: only where the adapter measured that the forward does not read its mask
+  as the mask's name promises (it ignores it, or inverts it: ``ModuleAdapter.mask_finding``);
+  it fails with that measurement, so the suite's reason is the cause, not one of its effects.
 - ``positions_from_mask``: for models that take position ids, whether left padding
   without them shifts positions. That is a real behaviour to know, not a leak: ``warn``.
 
@@ -44,7 +47,7 @@ from ..harness.engine.cases import (
 from ..harness.engine.influence import expected_pattern, measure_influence
 from ..harness.engine.profiles import length_cap
 from ..harness.engine.strategies import case_strategy, short_or_long
-from ..harness.engine.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 MAX_LENGTH = 12
 
@@ -129,7 +132,10 @@ class PaddingSuite(Suite):
         cap = length_cap(context.profile, caps.max_length)  # None: no declared context, short rows only
         long_rows = None if cap is None else max(longest, cap - 4)  # room for the padding
         padded = padded_cases(longest, longest=long_rows)  # one strategy object: these checks share its draws
+        # What the adapter measured of the mask comes first, so the suite's line gives it as the reason.
+        found = [CheckResult("mask_read", "fail", adapter.mask_finding)] if adapter.mask_finding else []
         checks = [
+            *found,
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
             Check("padded_vs_unpadded", lambda c: self.padded_vs_unpadded(batches, context, c), padded),
             Check("extra_padding", lambda c: self.extra_padding(batches, context, c), padded),

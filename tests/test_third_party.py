@@ -33,7 +33,8 @@ pytest.importorskip("x_transformers")  # the dev extra installs it; without it t
 )
 def test_the_mask_keyword_is_found_and_its_polarity_measured(factory, keyword: str, meaning: str) -> None:  # type: ignore[no-untyped-def]
     adapter = adapter_for(factory())
-    assert adapter.describe()["mask"] == f"{keyword}= ({meaning}, measured)"
+    assert adapter.describe()["mask"] == f"{keyword}= ({meaning}, its name's convention, measured)"
+    assert adapter.mask_finding is None
 
 
 @pytest.mark.parametrize("factory", [third_party.x_decoder, third_party.x_encoder, third_party.torch_encoder])
@@ -56,12 +57,47 @@ def test_a_mask_keyword_the_forward_does_not_take_is_refused() -> None:
         adapter_for(model)
 
 
-def test_an_unmeasurable_polarity_asks_for_the_declaration() -> None:
-    def ignores_its_mask(input_ids, mask=None):  # type: ignore[no-untyped-def]
+def test_an_unmeasurable_polarity_asks_for_the_declaration_only_where_the_name_has_no_convention() -> None:
+    def ignores_its_mask(input_ids, src_mask=None):  # type: ignore[no-untyped-def]
         return torch.zeros(*input_ids.shape, 8)
 
-    with pytest.raises(DeclarationError, match="cannot tell the polarity of the forward's 'mask'.*declare"):
-        ModuleAdapter(ignores_its_mask, Capabilities(family="decoder", vocab_size=8))
+    with pytest.raises(DeclarationError, match="cannot tell the polarity of the forward's 'src_mask'.*declare"):
+        ModuleAdapter(ignores_its_mask, Capabilities(family="decoder", vocab_size=8), mask_keyword="src_mask")
+
+
+def ignores_mask(input_ids, mask=None):  # type: ignore[no-untyped-def]
+    """A causal model (each position the mean of the embeddings so far) that never reads its mask."""
+    table = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    embedded = table[input_ids]  # [B, T, V]
+    return embedded.cumsum(1) / torch.arange(1, input_ids.shape[1] + 1)[None, :, None]
+
+
+def key_padding_from_attention_mask(input_ids, attention_mask=None):  # type: ignore[no-untyped-def]
+    """The same model, given PyTorch's key_padding_mask from attention_mask.bool() (True = ignore)."""
+    table = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    ignored = torch.zeros_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    weights = (~ignored).float()[:, :, None]  # [B, T, 1]
+    return (table[input_ids] * weights).cumsum(1) / weights.cumsum(1).clamp(min=1)
+
+
+@pytest.mark.parametrize(
+    ("forward", "measured"),
+    [
+        (ignores_mask, "a mask hiding the first half of the row changes nothing at its last position"),
+        (key_padding_from_attention_mask, "the forward reads its mask inverted"),
+    ],
+)
+def test_a_mask_its_forward_ignores_or_inverts_is_audited_and_fails_padding_with_the_measurement(
+    forward, measured: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A conventional name gets its convention; the measurement that contradicts it is the
+    padding suite's reason, never a refusal to audit."""
+    adapter = ModuleAdapter(forward, Capabilities(family="decoder", vocab_size=8, pad_token_id=0))
+    assert adapter.mask_finding is not None and measured in adapter.mask_finding
+    padding = audit(adapter, ["padding"]).suite("padding")
+    assert padding.status == "fail" and padding.checks[0].name == "mask_read", padding
+    assert measured in padding.worst_check().message  # type: ignore[union-attr]
+    assert "which the forward does not keep" in adapter.describe()["mask"]
 
 
 def test_a_module_without_a_mask_runs_every_check_that_needs_none() -> None:

@@ -245,6 +245,9 @@ class Adapter(abc.ABC):
     replay_note: str | None = None
     #: how this adapter calls its model (harness/adapters/paths.py); :meth:`on_path` gives the others
     path: CallPath = CANONICAL
+    #: what a measurement found the model doing with its padding mask when that is not what its
+    #: mask's convention promises (it ignores or inverts it), one line; the padding suite fails on it
+    mask_finding: str | None = None
 
     def __init__(self, model: Any, capabilities: Capabilities) -> None:
         self.model = model
@@ -487,6 +490,69 @@ class Adapter(abc.ABC):
             return torch.zeros(ids.shape, dtype=torch.float64), logits.detach()
         norms = gradient.detach().double().norm(dim=-1).cpu()  # [B, T], or [T, B] seq-first
         return (norms.t() if seq_first else norms), logits.detach()
+
+    def logits_module(self) -> Any:
+        """The module whose output is the logits, for :meth:`loss_logit_gradients`: the one a
+        model names in ``maskcheck_logits``, else its output embeddings
+        (``get_output_embeddings()``), else its last ``nn.Linear`` onto the vocabulary; None
+        when there is none."""
+        if not isinstance(self.model, torch.nn.Module):
+            return None
+        declared = getattr(self.model, "maskcheck_logits", None)
+        if isinstance(declared, str):
+            declared = self.model.get_submodule(declared)
+        if isinstance(declared, torch.nn.Module):
+            return declared
+        output = getattr(self.model, "get_output_embeddings", None)
+        head = output() if callable(output) else None
+        if isinstance(head, torch.nn.Module):
+            return head
+        vocab = self.capabilities.vocab_size
+        heads = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == vocab]
+        return heads[-1] if heads else None
+
+    def loss_logit_gradients(self, batch: Batch, labels: Tensor) -> Tensor:
+        """``[B, T]`` float64: at each predicted position, the norm of the gradient of the
+        model's own loss (unshifted ``labels``, -100 ignored) with respect to that position's
+        logits. The logits are the output of :meth:`logits_module`, replaced by a leaf that
+        records gradients (its last call of the logits' shape, ``[B, T, V]``); the model runs
+        in eval mode with autograd on. A loss that does not read a position's logits has an
+        exact zero there, whatever the logits' values."""
+        head = self.logits_module()
+        if head is None:
+            raise NotImplementedError(
+                "no module whose output is the logits: the model has no output embeddings and no nn.Linear onto "
+                "its vocabulary (name one in maskcheck_logits)"
+            )
+        self._check_eval()
+        ids = batch.predicted_ids
+        captured: list[Tensor] = []
+
+        def keep(_module: Any, _inputs: Any, output: Any) -> Any:
+            if not isinstance(output, Tensor) or tuple(output.shape[:2]) != tuple(ids.shape):
+                return output
+            leaf = output.detach().requires_grad_(True)
+            captured.append(leaf)
+            # A copy, not the leaf: a model may scale its logits in place (soft-capping).
+            return leaf.clone()
+
+        handle = head.register_forward_hook(keep)
+        try:
+            with torch.inference_mode(False), torch.enable_grad():
+                loss = self._loss(trainable_copy(batch), labels.clone())
+                if not captured:
+                    raise AdapterError(
+                        f"the logits module {type(head).__name__} returned no [B, T, V] output for the "
+                        f"{list(ids.shape)} ids it was given (a loss that never computes every position's logits)"
+                    )
+                if not isinstance(loss, Tensor) or not loss.requires_grad:
+                    raise AdapterError("the model's loss does not depend on its logits (it is computed without them)")
+                (gradient,) = torch.autograd.grad(loss.reshape(()), captured[-1], allow_unused=True)
+        finally:
+            handle.remove()
+        if gradient is None:
+            return torch.zeros(ids.shape, dtype=torch.float64)
+        return gradient.detach().double().norm(dim=-1).cpu()  # [B, T]
 
     def on_path(self, path: CallPath) -> "Adapter":
         """This adapter calling its model on ``path``: a shallow copy sharing the model, the

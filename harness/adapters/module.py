@@ -10,8 +10,12 @@ can be read or measured instead of declared is:
 - **its polarity**: ``"keep"`` (True = real token, Hugging Face and x-transformers) or
   ``"ignore"`` (True = padding, PyTorch's ``key_padding_mask``). Declared, or measured:
   a mask that says "nothing is padded" must leave the logits of the call without a mask
-  unchanged in exactly one polarity. A measurement that cannot tell is an error asking
-  for the declaration; it never falls back to a default.
+  unchanged in exactly one polarity. A name with a convention (``attention_mask``,
+  ``mask``, ``input_mask``: 1 = real token; ``*padding_mask``: True = padding) is passed
+  in that convention, as the callers of such a forward build it; a measurement that
+  disagrees (the forward ignores its mask, inverts it, or reads it as neither) is a
+  finding, :attr:`ModuleAdapter.mask_finding`, that fails the padding suite. Only a name
+  without a convention that cannot be measured asks for the declaration.
 - **where the logits are**: a forward that returns only the last position's logits at
   inference (nanoGPT's ``logits[:, [-1]]`` when no ``targets`` are given) is called with
   ``targets`` to get every position, when it takes them.
@@ -79,6 +83,9 @@ from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, S
 MaskConvention = Literal["keep", "ignore"]
 #: the forward parameters read as a padding mask, in the order they are looked for
 MASK_KEYWORDS = ("attention_mask", "mask", "padding_mask", "key_padding_mask", "src_key_padding_mask", "input_mask")
+#: the polarity a mask parameter's name promises its callers (tokenizers and collators build 1 = real token)
+NAMED_CONVENTIONS: dict[str, MaskConvention] = {"attention_mask": "keep", "mask": "keep", "input_mask": "keep"}
+MEANING = {"keep": "True = real token", "ignore": "True = padding"}
 OBJECT_CACHE = ("prefill", "step")
 MODULE_CACHE_SETUP = "setup_caches"
 MODULE_CACHE_POSITIONS = "input_pos"
@@ -107,6 +114,14 @@ def forward_parameters(model: Any) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(forward).parameters)
     except (TypeError, ValueError):
         return {}
+
+
+def named_convention(keyword: str) -> MaskConvention | None:
+    """The polarity ``keyword``'s name promises (:data:`NAMED_CONVENTIONS`; any ``*padding_mask``
+    is True = padding), None for a name without one."""
+    if keyword.endswith("padding_mask"):
+        return "ignore"
+    return NAMED_CONVENTIONS.get(keyword)
 
 
 def find_mask_keyword(model: Any, named: str | None) -> str | None:
@@ -159,13 +174,24 @@ class ModuleAdapter(Adapter):
         self._live: ModuleStateCache | None = None  # the state a module-state cache holds now
         self.mask_convention: MaskConvention | None = mask_convention
         self.mask_measured = False
+        #: how the polarity was found, for the report: declared, measured, or by the name's convention
+        self.mask_source = "declared"
         self._polarity_error: str | None = None  # why the measurement could not run (the model raised)
         if self.mask_keyword is not None and mask_convention is None:
-            try:
-                self.mask_convention = self._measure_polarity()
-                self.mask_measured = True
-            except AdapterError as exc:  # a model that raises is a verdict of the suites, not a crash here
-                self._polarity_error = f"the mask's polarity could not be measured: {exc}"
+            convention = named_convention(self.mask_keyword)
+            if convention is not None:
+                self.mask_convention = convention
+                self.mask_finding = self._measure_against(convention)
+                self.mask_source = "its name's convention, " + (
+                    "measured" if self.mask_finding is None else "which the forward does not keep: see padding"
+                )
+            else:
+                self.mask_source = "measured"
+                try:
+                    self.mask_convention = self._measure_polarity()
+                    self.mask_measured = True
+                except AdapterError as exc:  # a model that raises is a verdict of the suites, not a crash here
+                    self._polarity_error = f"the mask's polarity could not be measured: {exc}"
 
     # -- what the module is --------------------------------------------------------------
 
@@ -197,6 +223,20 @@ class ModuleAdapter(Adapter):
             "takes input_pos (see maskcheck.harness.adapters.module)"
         )
 
+    def _probe_ids(self) -> Tensor:
+        vocab = self.capabilities.vocab_size
+        return torch.randint(1, vocab, (1, 6), generator=torch.Generator().manual_seed(0)).to(self.capabilities.device)
+
+    def _measured_polarities(self, ids: Tensor) -> dict[str, bool]:
+        """For each polarity, whether a mask that pads nothing in it leaves the call without a
+        mask unchanged."""
+        assert self.mask_keyword is not None
+        with torch.inference_mode():
+            bare = self._call(ids, {})
+            keep = self._call(ids, {self.mask_keyword: torch.ones_like(ids, dtype=torch.bool)})
+            ignore = self._call(ids, {self.mask_keyword: torch.zeros_like(ids, dtype=torch.bool)})
+        return {name: _close(bare, out) for name, out in (("keep", keep), ("ignore", ignore))}
+
     def _measure_polarity(self) -> MaskConvention:
         """The polarity in which "nothing is padded" leaves the call without a mask unchanged."""
         where = f"the forward's {self.mask_keyword!r}"
@@ -205,13 +245,7 @@ class ModuleAdapter(Adapter):
                 f"{where} has no default, so its polarity cannot be measured against a call without it: declare "
                 "maskcheck_mask_convention = 'keep' (True = real token) or 'ignore' (True = padding)"
             )
-        vocab = self.capabilities.vocab_size
-        ids = torch.randint(1, vocab, (1, 6), generator=torch.Generator().manual_seed(0)).to(self.capabilities.device)
-        with torch.inference_mode():
-            bare = self._call(ids, {})
-            keep = self._call(ids, {self.mask_keyword: torch.ones_like(ids, dtype=torch.bool)})
-            ignore = self._call(ids, {self.mask_keyword: torch.zeros_like(ids, dtype=torch.bool)})
-        same = {name: _close(bare, out) for name, out in (("keep", keep), ("ignore", ignore))}
+        same = self._measured_polarities(self._probe_ids())
         if same["keep"] != same["ignore"]:
             return "keep" if same["keep"] else "ignore"
         found = "both" if same["keep"] else "neither"
@@ -220,14 +254,51 @@ class ModuleAdapter(Adapter):
             "True = real token and True = padding; declare maskcheck_mask_convention = 'keep' or 'ignore'"
         )
 
+    def _measure_against(self, convention: MaskConvention) -> str | None:
+        """What the forward does with a mask its name gives a convention for, measured: None
+        when it reads it in that convention, else the finding, one line. Two measurements: a
+        mask that pads nothing, in each polarity, against the call without a mask (where the
+        mask has a default); and a mask that hides the first half of a row, whose last
+        position must then change (a causal or bidirectional model alike reads those tokens)."""
+        assert self.mask_keyword is not None
+        where = f"the forward's {self.mask_keyword}= (its name's convention: {MEANING[convention]})"
+        ids = self._probe_ids()
+        half = torch.ones_like(ids, dtype=torch.bool)
+        half[:, : ids.shape[1] // 2] = False  # [1, T]: the first half hidden
+        try:
+            with torch.inference_mode():
+                unmasked = self._call(ids, {self.mask_keyword: self._mask(torch.ones_like(ids))})
+                hidden = self._call(ids, {self.mask_keyword: self._mask(half)})
+            same = self._measured_polarities(ids) if self.mask_optional else None
+        except AdapterError as exc:
+            return f"{where}: the model raised when given a [B, T] padding mask: {exc}"
+        if _close(unmasked[:, -1:], hidden[:, -1:]):
+            return (
+                f"{where}: a mask hiding the first half of the row changes nothing at its last position: the "
+                "forward ignores its mask, so padded slots are read as tokens"
+            )
+        if same is None or same[convention] and not same[_opposite(convention)]:
+            return None
+        if same[_opposite(convention)] and not same[convention]:
+            return (
+                f"{where}: a mask that pads nothing leaves the call without a mask unchanged only as "
+                f"{MEANING[_opposite(convention)]}: the forward reads its mask inverted (as PyTorch's key_padding_mask), "
+                "so a mask built by a tokenizer or collator hides the real tokens; if that is meant, declare "
+                f"maskcheck_mask_convention = {_opposite(convention)!r}"
+            )
+        found = "both" if same[convention] else "neither"
+        return (
+            f"{where}: a mask that pads nothing leaves the call without a mask unchanged in {found} of "
+            "True = real token and True = padding: the forward reads it as no padding mask of either polarity"
+        )
+
     def describe(self) -> dict[str, Any]:
         described = super().describe()
         if self.mask_keyword is None:
             described["mask"] = f"none: the forward names none of {', '.join(MASK_KEYWORDS)} (name one: mask_keyword)"
         else:
-            how = "measured" if self.mask_measured else "declared"
-            meaning = "True = real token" if self.mask_convention == "keep" else "True = padding"
-            described["mask"] = f"{self.mask_keyword}= ({meaning}, {how})"
+            meaning = MEANING.get(self.mask_convention or "", "polarity unknown")
+            described["mask"] = f"{self.mask_keyword}= ({meaning}, {self.mask_source})"
         described["cache"] = self.cache_shape or "none"
         return described
 
@@ -281,6 +352,24 @@ class ModuleAdapter(Adapter):
                 f"{exc}: maskcheck_loss gets unshifted labels with -100 at ignored targets; for a loss with another "
                 "ignore index, wrap it: lambda logits, labels: loss(logits, labels.masked_fill(labels == -100, -1))"
             ) from exc
+
+    def loss_logit_gradients(self, batch: Batch, labels: Tensor) -> Tensor:
+        """As :meth:`Adapter.loss_logit_gradients`; the loss is ``loss_fn(logits, labels)``, so
+        its gradient is taken at the logits the forward returns."""
+        if self.loss_fn is None:
+            raise NotImplementedError(f"{self.spec} declares no loss")
+        self._check_eval()
+        with torch.inference_mode():
+            logits = self._logits(batch)
+        with torch.inference_mode(False), torch.enable_grad():
+            leaf = logits.clone().requires_grad_(True)  # [B, T, V], a tensor autograd may record
+            loss = call_model(self.loss_fn, leaf, labels.clone())
+            if not isinstance(loss, Tensor) or not loss.requires_grad:
+                raise AdapterError("the loss does not depend on the logits it is given")
+            (gradient,) = torch.autograd.grad(loss.reshape(()), leaf, allow_unused=True)
+        if gradient is None:
+            return torch.zeros(batch.predicted_ids.shape, dtype=torch.float64)
+        return gradient.detach().double().norm(dim=-1).cpu()  # [B, T]
 
     # -- caches --------------------------------------------------------------------------
 
@@ -389,6 +478,10 @@ class ModuleAdapter(Adapter):
         logits = self._call(tokens, {MODULE_CACHE_POSITIONS: positions})
         self._live = ModuleStateCache(torch.cat([state.tokens, tokens], dim=1))  # [B, T + n]
         return logits, self._live
+
+
+def _opposite(convention: MaskConvention) -> MaskConvention:
+    return "ignore" if convention == "keep" else "keep"
 
 
 def _parameter_dtype(model: Any) -> str | None:

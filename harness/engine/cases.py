@@ -232,16 +232,37 @@ def gradient_outcome(
     arithmetic term, ``same_shape_ulps * eps * scale``, with ``scale`` the largest gradient
     at a position the outputs may see."""
     gradients, _ = adapter.input_gradients(batch, outputs, seed)  # [B, T]
-    hidden, visible = hidden.cpu().bool(), (~hidden.cpu().bool())
+    nonfinite = (
+        "a training step on this batch gets NaN/inf gradients (often a fully masked query row whose NaN the backward "
+        "carries into real positions)"
+    )
+    return zero_gradient_outcome(context, gradients, hidden, what, "the token embeddings", nonfinite)
+
+
+def zero_gradient_outcome(
+    context: RunContext,
+    gradients: Tensor,
+    hidden: Tensor,
+    what: str,
+    at: str,
+    nonfinite: str,
+    visible: str = "a visible position",
+) -> Outcome:
+    """``gradients [B, T]`` (a norm per position, of a gradient taken ``at`` something) must be
+    zero where ``hidden [B, T]`` is True, under the same-shape rule at floor 0: a contribution
+    that is masked, or never read, is an exact zero in the backward pass. The threshold is only
+    the arithmetic term, ``same_shape_ulps * eps * scale``, with ``scale`` the largest gradient
+    where ``hidden`` is False (``visible`` names such a position). ``nonfinite`` says what a
+    NaN/inf gradient means."""
+    hidden, shown = hidden.cpu().bool(), (~hidden.cpu().bool())
     if not bool(torch.isfinite(gradients).all()):
         cells = (~torch.isfinite(gradients)).nonzero().tolist()
         return Outcome(
             "fail", float("inf"), 0.0, 0.0, cells[:8],
-            f"the gradient at the token embeddings is NaN/inf at [row, position] {cells[:8]}: a training step on this "
-            f"batch gets NaN/inf gradients (often a fully masked query row whose NaN the backward carries into real "
-            f"positions), so nothing could be compared (while checking: {what})",
+            f"the gradient at {at} is NaN/inf at [row, position] {cells[:8]}: {nonfinite}, so nothing could be "
+            f"compared (while checking: {what})",
         )  # fmt: skip
-    scale = float(gradients[visible].max()) if visible.any() else 0.0
+    scale = float(gradients[shown].max()) if shown.any() else 0.0
     threshold = context.tolerance.same_shape(0.0, context.dtype, scale)
     leaked = gradients.masked_fill(~hidden, 0.0)  # [B, T]
     measured = float(leaked.max()) if hidden.any() else 0.0
@@ -249,7 +270,7 @@ def gradient_outcome(
         return Outcome("pass", measured, 0.0, threshold)
     positions = (leaked > threshold).nonzero().tolist()
     message = (
-        f"{what}: gradient norm {measured:.3g} > threshold {threshold:.3g} (largest at a visible position "
+        f"{what}: gradient norm {measured:.3g} > threshold {threshold:.3g} (largest at {visible} "
         f"{scale:.3g}; noise floor 0) at [row, position] {positions[:8]}"
     )
     return Outcome("fail", measured, 0.0, threshold, positions, message)
