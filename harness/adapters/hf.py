@@ -36,6 +36,7 @@ from .base import (
 from .generation import GenerationPath, GenerationState, drives_generation
 from .hf_loading import FAMILY_OF_TASK, TASKS, HFLoadError, LoadingInfo, Task, infer_task
 from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
+from .peft_models import is_peft_model, unwrap_peft
 from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
 
 
@@ -84,6 +85,10 @@ class HFAdapter(Adapter):
     def __init__(
         self, model: Any, spec: str = "<transformers model>", task: str | None = None, tokenizer: Any = None
     ) -> None:
+        #: what wraps the model audited (a PeftModel's adapter), one line; None for a model as it is
+        self.wrapper: str | None = None
+        if is_peft_model(model):
+            model, self.wrapper = unwrap_peft(model)
         chosen = task or infer_task(model.config, [type(model).__name__])
         if chosen not in TASKS:
             raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
@@ -213,6 +218,8 @@ class HFAdapter(Adapter):
         info.update(
             task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation
         )
+        if self.wrapper is not None:
+            info["wrapper"] = self.wrapper
         return info
 
     def layout(self) -> dict[str, Any] | None:

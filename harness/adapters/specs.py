@@ -154,11 +154,14 @@ def _place(model: Any, device: str | None, dtype: Any) -> Any:
 
 
 def _is_pretrained(model: Any) -> bool:
+    """A transformers model, or a PeftModel wrapping one (the HF adapter audits what it runs)."""
     if "transformers" not in sys.modules:
         return False
     from transformers import PreTrainedModel
 
-    return isinstance(model, PreTrainedModel)
+    from .peft_models import is_peft_model
+
+    return isinstance(model, PreTrainedModel) or is_peft_model(model)
 
 
 def _load_reference(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:

@@ -118,6 +118,7 @@ def environment(adapter: Adapter, seed: int, profile: str) -> dict[str, Any]:
         "seed": seed,
         "profile": profile,
         "attn_implementation": getattr(adapter, "attn_implementation", None),
+        **({"wrapper": adapter.wrapper} if getattr(adapter, "wrapper", None) else {}),
     }
 
 
