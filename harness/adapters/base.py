@@ -421,12 +421,17 @@ class Adapter(abc.ABC):
         first ``nn.Embedding``; None when there is none."""
         if not isinstance(self.model, torch.nn.Module):
             return None
-        declared = getattr(self.model, "maskcheck_embedding", None)
-        if isinstance(declared, str):
-            declared = self.model.get_submodule(declared)
-        if isinstance(declared, torch.nn.Module):
+        declared = self._declared_module("maskcheck_embedding")
+        if declared is not None:
             return declared
         return next((m for m in self.model.modules() if isinstance(m, torch.nn.Embedding)), None)
+
+    def _declared_module(self, attribute: str) -> Any:
+        """The submodule the model names in ``attribute`` (an attribute path or the module), or None."""
+        declared = getattr(self.model, attribute, None)
+        if isinstance(declared, str):
+            declared = self.model.get_submodule(declared)
+        return declared if isinstance(declared, torch.nn.Module) else None
 
     def input_gradients(self, batch: Batch, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
         """The backward of a training step, measured: ``[B, T]`` float64, the norm at each
@@ -498,10 +503,8 @@ class Adapter(abc.ABC):
         when there is none."""
         if not isinstance(self.model, torch.nn.Module):
             return None
-        declared = getattr(self.model, "maskcheck_logits", None)
-        if isinstance(declared, str):
-            declared = self.model.get_submodule(declared)
-        if isinstance(declared, torch.nn.Module):
+        declared = self._declared_module("maskcheck_logits")
+        if declared is not None:
             return declared
         output = getattr(self.model, "get_output_embeddings", None)
         head = output() if callable(output) else None
