@@ -47,6 +47,7 @@ def test_collator_labels_under_left_padding_leave_out_the_first_target_and_say_s
     suite = audit(spec, ["loss_masking"], paths=("canonical",)).suite("loss_masking")
     assert {c.name: c.status for c in suite.checks} == {
         "reference_loss": "pass",
+        "ignored_logits": "pass",
         "padded_inputs": "pass",
         "extra_padding": "pass",
     }, [(c.name, c.message) for c in suite.checks]
