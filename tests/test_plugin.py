@@ -91,6 +91,21 @@ def test_command_line_models_and_suites_and_skip_with_reason(pytester: pytest.Py
     assert "the model declares no KV cache" in result.stdout.str()
 
 
+def test_a_passing_suite_s_checks_that_did_not_run_are_pytest_warnings(pytester: pytest.Pytester) -> None:
+    """serving passes 5 of its 9 checks on the reference decoder: the test is green, and each
+    check that did not run is a warning with its reason, not silence."""
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider",
+        "--maskcheck-model", "ref:tiny-decoder", "--maskcheck-suites", "serving",
+    )  # fmt: skip
+    assert outcomes(result)["passed"] == 2
+    out = result.stdout.str()
+    assert (
+        "maskcheck serving/reuse on ref:tiny-decoder: not run (n/a): the reference model's KVCache is immutable" in out
+    )
+
+
 def test_warn_becomes_a_pytest_warning(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_own="def test_own():\n    assert True\n")
     result = pytester.runpytest_subprocess(
