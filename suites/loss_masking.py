@@ -89,10 +89,15 @@ def loss_cases(max_length: int) -> st.SearchStrategy[LossCase]:
     )
 
 
+def scored(logits: Tensor, labels: Tensor, shift: bool) -> tuple[Tensor, Tensor]:
+    """The logits and the targets they are scored against: a decoder's (``shift``) position t
+    against ``labels[t + 1]``."""
+    return (logits[:, :-1], labels[:, 1:]) if shift else (logits, labels)
+
+
 def reference_cross_entropy(logits: Tensor, labels: Tensor, shift: bool, normaliser: str = "valid") -> float:
     """Cross-entropy in float64; ``normaliser`` "valid" (the right one) or "all" (a common bug)."""
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
+    logits, labels = scored(logits, labels, shift)
     flat_logits = logits.reshape(-1, logits.shape[-1]).double()
     flat_labels = labels.reshape(-1)
     total = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE, reduction="sum")
@@ -103,8 +108,7 @@ def reference_cross_entropy(logits: Tensor, labels: Tensor, shift: bool, normali
 def uniform_target_loss(logits: Tensor, labels: Tensor, shift: bool) -> float:
     """The smoothing term of a label-smoothed cross-entropy, in float64: the mean over valid
     targets of ``-mean over the vocabulary of log p``."""
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
+    logits, labels = scored(logits, labels, shift)
     valid = labels != IGNORE  # [B, T]
     log_p = torch.log_softmax(logits.double(), -1)[valid]  # [N, V]
     return float(-log_p.mean(-1).mean()) if valid.any() else 0.0
@@ -164,7 +168,7 @@ class LossMaskingSuite(Suite):
     in_sweep = True
     long_rows_on_paths = False
     _shifted = False  # set by checks(): whether the model's loss shifts its targets (a decoder)
-    _fits: list[SmoothingFit] = []  # set by checks(): the label smoothings reference_loss fitted, case by case
+    _fits: list[SmoothingFit]  # set by checks(): the label smoothings reference_loss fitted, case by case
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_loss:

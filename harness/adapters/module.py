@@ -265,11 +265,15 @@ class ModuleAdapter(Adapter):
         ids = self._probe_ids()
         half = torch.ones_like(ids, dtype=torch.bool)
         half[:, : ids.shape[1] // 2] = False  # [1, T]: the first half hidden
+        nothing_padded = self._mask(torch.ones_like(ids))  # [1, T] in the convention
         try:
             with torch.inference_mode():
-                unmasked = self._call(ids, {self.mask_keyword: self._mask(torch.ones_like(ids))})
+                unmasked = self._call(ids, {self.mask_keyword: nothing_padded})
                 hidden = self._call(ids, {self.mask_keyword: self._mask(half)})
-            same = self._measured_polarities(ids) if self.mask_optional else None
+                same = None
+                if self.mask_optional:  # each polarity's "nothing padded" against the call without a mask
+                    bare, inverted = self._call(ids, {}), self._call(ids, {self.mask_keyword: ~nothing_padded})
+                    same = {convention: _close(bare, unmasked), _opposite(convention): _close(bare, inverted)}
         except AdapterError as exc:
             return f"{where}: the model raised when given a [B, T] padding mask: {exc}"
         if _close(unmasked[:, -1:], hidden[:, -1:]):

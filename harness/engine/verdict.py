@@ -13,6 +13,11 @@ SEVERITY: dict[str, int] = {"fail": 5, "error": 4, "not_run": 3, "warn": 2, "pas
 FAILING = frozenset({"fail", "error", "not_run"})
 
 
+def checks_run(checks: list[Any]) -> int:
+    """How many of ``checks`` ran (every status but ``not_applicable``)."""
+    return sum(c.status != "not_applicable" for c in checks)
+
+
 def worst(statuses: list[str]) -> str:
     return max(statuses, key=SEVERITY.__getitem__) if statuses else "not_applicable"
 
@@ -62,8 +67,7 @@ class SuiteResult:
 
     @property
     def checks_run(self) -> int:
-        """How many of its checks ran (every status but ``not_applicable``)."""
-        return sum(c.status != "not_applicable" for c in self.checks)
+        return checks_run(self.checks)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..engine.verdict import SEVERITY, diff_ratio, worst
+from ..engine.verdict import SEVERITY, checks_run, diff_ratio, worst
 
 STATUS_MARK = {
     "pass": "PASS",
@@ -31,7 +31,7 @@ def status_text(status: str, checks: list[Any]) -> str:
     """A suite's status as its line shows it: ``PASS``, or ``PASS 1/3`` where one of its three
     checks ran and the others were not applicable, so a line never stands on checks that did
     not run without saying so. A suite none of whose checks ran is ``n/a``."""
-    ran = sum(c.status != "not_applicable" for c in checks)
+    ran = checks_run(checks)
     if status == "not_applicable" or ran == len(checks):
         return STATUS_MARK[status]
     return f"{STATUS_MARK[status]} {ran}/{len(checks)}"
@@ -48,9 +48,8 @@ def suite_reason(status: str, checks: list[Any]) -> str:
     did not run and why."""
     if status == "pass":
         conventions = [f"{c.name}: {c.convention}" for c in checks if getattr(c, "convention", None)]
-        return "; ".join(
-            [*(["convention: " + ", ".join(conventions)] if conventions else []), untested_text(checks)]
-        ).strip("; ")
+        parts = ["convention: " + ", ".join(conventions)] if conventions else []
+        return "; ".join(parts + [untested] if (untested := untested_text(checks)) else parts)
     worst_check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
     return "" if worst_check is None else worst_check.message
 
