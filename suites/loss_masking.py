@@ -167,8 +167,11 @@ class LossMaskingSuite(Suite):
     kind = "mask"
     in_sweep = True
     long_rows_on_paths = False
-    _shifted = False  # set by checks(): whether the model's loss shifts its targets (a decoder)
-    _fits: list[SmoothingFit]  # set by checks(): the label smoothings reference_loss fitted, case by case
+
+    def __init__(self) -> None:
+        # Set by checks(); a replay concludes without running them, so both start empty.
+        self._shifted = False  # whether the model's loss shifts its targets (a decoder)
+        self._fits: list[SmoothingFit] = []  # the label smoothings reference_loss fitted, case by case
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.has_loss:
