@@ -109,8 +109,12 @@ class ScratchDecoder(nn.Module):
             queries = input_pos
             keys = torch.arange(self.blocks[0].attention.keys.shape[2], device=idx.device)  # type: ignore[union-attr]
             positions = self.positions(input_pos)
+        return self.run(idx, positions, self.allowed(queries, keys), input_pos)
+
+    def run(self, idx: Tensor, positions: Tensor, allowed: Tensor, input_pos: Tensor | None) -> Tensor:
+        """The blocks over ``idx`` at ``positions``; ``allowed`` ([Tq, Tk], or [B, 1, Tq, Tk])
+        is True where a query may read a key."""
         x = self.embed(idx) + self.position(positions)  # [B, T, C]
-        allowed = self.allowed(queries, keys)
         for block in self.blocks:
             x = block(x, allowed, input_pos)
         return self.head(self.norm(x))  # [B, T, V]
@@ -122,6 +126,29 @@ class StepPositionOffByOne(ScratchDecoder):
 
     def positions(self, input_pos: Tensor) -> Tensor:
         return input_pos + 1 if int(input_pos[0]) > 0 else input_pos
+
+
+class ScratchDecoderTakingMask(ScratchDecoder):
+    """The scratch decoder whose plain forward also takes ``mask``: an attention matrix
+    ``[B, 1, T, T]`` (True = may attend) that replaces its causal pattern, handed to SDPA as
+    it is, with ``position_ids``. Its cache protocol (``setup_caches`` + ``input_pos``) takes
+    no mask, so its cached rows cannot be padded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maskcheck_capabilities = {**self.maskcheck_capabilities, "takes_position_ids": True}
+
+    def forward(  # type: ignore[override]
+        self,
+        idx: Tensor,
+        input_pos: Tensor | None = None,
+        mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        if mask is None or input_pos is not None:
+            return super().forward(idx, input_pos)
+        positions = torch.arange(idx.shape[1], device=idx.device) if position_ids is None else position_ids
+        return self.run(idx, positions, mask, None)
 
 
 def scratch_decoder() -> ScratchDecoder:

@@ -119,6 +119,16 @@ def generation_cases(capabilities: Capabilities, profile: str = "dev") -> st.Sea
     )
 
 
+def note_unpadded_prompts(results: list, reason: str | None, checks: Sequence[str]) -> None:
+    """Where the cache protocol takes no mask, each cached check that ran says that its
+    prompts were unpadded, and why (on the suite's line: its ``convention``)."""
+    if reason is None:
+        return
+    for result in results:
+        if result.name in checks and result.status in ("pass", "warn", "fail"):
+            result.convention = f"unpadded prompts only: {reason}"
+
+
 def misshapen_cache(adapter: Adapter, batch: Batch, error: LogitsShapeError) -> Evaluation:
     """The verdict when a cached forward returned logits of the wrong shape: a FAIL when the
     full forward of the same rows has the right one (the cache path then computes something
@@ -196,9 +206,13 @@ class KVCacheSuite(Suite):
             return self.no_cache(capabilities)
         return None  # a model that takes no mask decodes unpadded rows: CacheBatches
 
+    def __init__(self) -> None:
+        self._unpadded: str | None = None  # set by checks(): why its prompts are unpadded
+
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         batches = CacheBatches(adapter)
         caps = adapter.capabilities
+        self._unpadded = caps.unpadded_cache_reason
         if not caps.has_cache:  # generate() runs, but not on a path the two cache checks can follow
             reason = self.no_cache(caps)
             return [
@@ -219,10 +233,13 @@ class KVCacheSuite(Suite):
             ),
         ]
 
+    def conclude(self, results: list) -> None:
+        note_unpadded_prompts(results, self._unpadded, ("incremental", "greedy_generation"))
+
     def incremental(self, b: CacheBatches, context: RunContext, case: CacheCase) -> Evaluation:
         prompt = max(case.prompt_lengths)
         total = prompt + sum(case.chunks)
-        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths), case.seed)
+        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths, cached=True), case.seed)
         continuation = random_ids(case.seed + 17, (len(rows), sum(case.chunks)), b.caps.vocab_size, b.pad)
         full = b.left_padded(
             [torch.cat([row, continuation[i]]) for i, row in enumerate(rows)], total, case.source_padding
@@ -269,7 +286,7 @@ class KVCacheSuite(Suite):
         return (yield from with_floor(b.adapter, full, where, judge))
 
     def greedy_generation(self, b: CacheBatches, context: RunContext, case: GenerationCase) -> Evaluation:
-        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths), case.seed)
+        rows = random_rows(b.adapter, row_lengths(b.caps, case.prompt_lengths, cached=True), case.seed)
         batch = b.left_padded(rows, max(case.prompt_lengths), case.source_padding)
         size, side = batch.size, b.pad_side(batch)
         kind = "a left-padded batch" if side == "left" else "an unpadded batch"

@@ -53,7 +53,7 @@ from ..harness.engine.batching import Evaluation
 from ..harness.engine.profiles import CACHE_LENGTH_CAPS
 from ..harness.engine.strategies import case_strategy
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
-from .kv_cache import MAX_CHUNK, longest_prompt, prompt_lengths, source_paddings
+from .kv_cache import MAX_CHUNK, longest_prompt, note_unpadded_prompts, prompt_lengths, source_paddings
 from .serving_cases import (
     ServingBatches,
     against_full_forward,
@@ -132,9 +132,13 @@ class ServingSuite(Suite):
             return capabilities.no_cache_reason or "the model declares no KV cache"
         return None
 
+    def __init__(self) -> None:
+        self._unpadded: str | None = None  # set by checks(): why its prompts are unpadded
+
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         b = ServingBatches(adapter)
         caps = adapter.capabilities
+        self._unpadded = caps.unpadded_cache_reason
         support = self.support(b)
         prompts = prompt_lengths(caps, context.profile)
         sources = source_paddings(caps)
@@ -185,6 +189,9 @@ class ServingSuite(Suite):
         for implementation, name in CACHE_IMPLEMENTATION_CHECKS.items():
             result.append(self.implementation_check(b, context, implementation, name, sources))
         return result
+
+    def conclude(self, results: list) -> None:
+        note_unpadded_prompts(results, self._unpadded, [result.name for result in results])
 
     @staticmethod
     def examples(context: RunContext) -> int:

@@ -58,7 +58,7 @@ class ServingBatches(CacheBatches):
     decoding state does, so a full forward sees exactly what the cache holds."""
 
     def prompt(self, lengths: Sequence[int], seed: int, source_padding: int) -> tuple[list[Tensor], Batch]:
-        rows = random_rows(self.adapter, row_lengths(self.caps, lengths), seed)
+        rows = random_rows(self.adapter, row_lengths(self.caps, lengths, cached=True), seed)
         return rows, self.left_padded(rows, max(len(r) for r in rows), source_padding)
 
     def tokens(self, rows: int, count: int, seed: int) -> Tensor:

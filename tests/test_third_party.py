@@ -215,3 +215,20 @@ def test_a_forward_that_returns_only_the_last_position_is_asked_with_targets() -
     assert audit(model, ["causal"], profile="ci").suite("causal").status == "pass"
     ids = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(adapter_for(model).logits(Batch(ids)), ScratchDecoder()(ids), atol=1e-6, rtol=0)
+
+
+def test_a_module_whose_mask_is_an_attention_matrix_over_heads_is_measured_so() -> None:
+    """A from-scratch decoder that hands its ``mask`` to SDPA as it is: [B, 1, T, T]. With as
+    many rows as heads, a [B, T, T] matrix broadcasts over the heads without an error; the
+    measurement sees the first row's mask move the second row and takes the next shape."""
+    from maskcheck.reference_models.scratch import ScratchDecoderTakingMask
+
+    adapter = adapter_for(ScratchDecoderTakingMask())
+    assert adapter.describe()["mask"].startswith("mask= (an attention matrix [B, 1, T, T], True = may attend")
+    result = audit(adapter, ["causal", "padding", "kv_cache"], profile="ci")
+    padding = {check.name: check.status for check in result.suite("padding").checks}
+    assert result.suite("causal").status == "pass" and padding["pad_ids"] == "pass"
+    # Its cache protocol (setup_caches + input_pos) passes no mask: cached prompts are unpadded, and said so.
+    kv_cache = result.suite("kv_cache")
+    assert kv_cache.status == "pass", kv_cache
+    assert all(c.convention and c.convention.startswith("unpadded prompts only") for c in kv_cache.checks)

@@ -72,6 +72,7 @@ class Capabilities:
     packing: Packing | None = None
     has_cache: bool = False
     no_cache_reason: str | None = None  # measured: why a model that could decode has no cache to check
+    unpadded_cache_reason: str | None = None  # why cached calls take unpadded rows only (a protocol without a mask)
     generates: bool = False  # the adapter runs the model's own generate(), with its cache and without
     has_loss: bool = False
     pad_token_id: int | None = None
@@ -590,6 +591,10 @@ class Adapter(abc.ABC):
                 ) from exc
             twin = self.__dict__["_float32_twin"] = self._with_model(copied)
         return twin
+
+    def release_state(self) -> None:
+        """Leave the model as the audit found it once a suite is done (a cache kept in the
+        model's own buffers, set up by maskcheck, is deleted); nothing for most adapters."""
 
     def release_float32_twin(self) -> None:
         """Drop the float32 copy (an audit that does not run its path needs no second model)."""

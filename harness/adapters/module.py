@@ -78,6 +78,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor
 
+from .attention_matrix import SHAPES, row_matrix, segment_positions
 from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, ServingUnsupported, call_model
 
 MaskConvention = Literal["keep", "ignore"]
@@ -86,9 +87,14 @@ MASK_KEYWORDS = ("attention_mask", "mask", "padding_mask", "key_padding_mask", "
 #: the polarity a mask parameter's name promises its callers (tokenizers and collators build 1 = real token)
 NAMED_CONVENTIONS: dict[str, MaskConvention] = {"attention_mask": "keep", "mask": "keep", "input_mask": "keep"}
 MEANING = {"keep": "True = real token", "ignore": "True = padding"}
+MATRIX_MEANING = {"keep": "True = may attend", "ignore": "True = masked out"}
+LAYOUT_NAMES = {"padding": "a padding mask [B, T]", **{k: f"an attention matrix {v}" for k, v in SHAPES.items()}}
 OBJECT_CACHE = ("prefill", "step")
 MODULE_CACHE_SETUP = "setup_caches"
 MODULE_CACHE_POSITIONS = "input_pos"
+MaskLayout = Literal["padding", "matrix", "matrix_heads"]
+#: the shapes a conventional mask keyword is tried in, in order: a padding mask, then an attention matrix
+MASK_LAYOUTS: tuple[MaskLayout, ...] = ("padding", "matrix", "matrix_heads")
 
 
 class DeclarationError(ValueError):
@@ -106,6 +112,11 @@ class ModuleStateCache:
     """Decoding state kept inside the module: what it was fed, to feed it again on a fork."""
 
     tokens: Tensor  # [B, T_so_far]
+    real: Tensor | None = None  # [B, T_so_far], 1 = real token; None: every token is real
+
+    def __getitem__(self, index: Any) -> "ModuleStateCache":
+        """The state of rows and tokens ``index`` selects (``[:, :-n]``, ``[rows]``)."""
+        return ModuleStateCache(self.tokens[index], None if self.real is None else self.real[index])
 
 
 def forward_parameters(model: Any) -> dict[str, inspect.Parameter]:
@@ -136,6 +147,9 @@ def find_mask_keyword(model: Any, named: str | None) -> str | None:
 
 
 class ModuleAdapter(Adapter):
+    #: the forward keyword that takes position ids ``[B, T]``
+    position_keyword = "position_ids"
+
     def __init__(
         self,
         model: Callable[..., Any],
@@ -153,7 +167,7 @@ class ModuleAdapter(Adapter):
         if loss_fn is None and capabilities.has_loss:
             raise DeclarationError("has_loss=True needs loss_fn(logits, labels)")
         keywords = ForwardKeywords.of(model)
-        self._check_declared_keywords(capabilities, keywords)
+        self._check_declared_positions(capabilities, keywords)
         self.mask_keyword = find_mask_keyword(model, mask_keyword) if capabilities.takes_attention_mask else None
         parameters = forward_parameters(model)
         mask_parameter = parameters.get(self.mask_keyword or "")
@@ -164,6 +178,8 @@ class ModuleAdapter(Adapter):
         self.cache_shape = self._cache_shape(model, capabilities, keywords)
         if self.mask_keyword is None and capabilities.takes_attention_mask:
             capabilities = replace(capabilities, takes_attention_mask=False)
+        if self.cache_shape == "module" and capabilities.takes_attention_mask:
+            capabilities = replace(capabilities, unpadded_cache_reason=self.unpadded_cache_reason)
         measured_dtype = _parameter_dtype(model)
         if measured_dtype is not None and measured_dtype != capabilities.dtype:
             # what the weights compute in, not a default: thresholds follow the dtype
@@ -173,6 +189,8 @@ class ModuleAdapter(Adapter):
         self.spec = spec
         self._live: ModuleStateCache | None = None  # the state a module-state cache holds now
         self.mask_convention: MaskConvention | None = mask_convention
+        #: the mask's shape: a padding mask [B, T], or an attention matrix (attention_matrix.py), measured
+        self.mask_layout: MaskLayout = "padding"
         self.mask_measured = False
         #: how the polarity was found, for the report: declared, measured, or by the name's convention
         self.mask_source = "declared"
@@ -192,20 +210,31 @@ class ModuleAdapter(Adapter):
                     self.mask_measured = True
                 except AdapterError as exc:  # a model that raises is a verdict of the suites, not a crash here
                     self._polarity_error = f"the mask's polarity could not be measured: {exc}"
+        self._check_declared_packing(keywords)
 
     # -- what the module is --------------------------------------------------------------
 
-    @staticmethod
-    def _check_declared_keywords(capabilities: Capabilities, keywords: ForwardKeywords) -> None:
+    @classmethod
+    def _check_declared_positions(cls, capabilities: Capabilities, keywords: ForwardKeywords) -> None:
         needed = {
-            "takes_position_ids": (capabilities.takes_position_ids, "position_ids"),
-            "packing=position_ids": (capabilities.packing == "position_ids", "position_ids"),
-            "packing=segment_ids": (capabilities.packing == "segment_ids", "segment_ids"),
+            "takes_position_ids": capabilities.takes_position_ids,
+            "packing=position_ids": capabilities.packing == "position_ids",
         }
-        for what, (declared, keyword) in needed.items():
-            if declared and not keywords.accepts(keyword):
+        for what, declared in needed.items():
+            if declared and not keywords.accepts(cls.position_keyword):
                 raise DeclarationError(
-                    f"the capabilities declare {what}, but the model's forward takes no {keyword!r} keyword to pass it in"
+                    f"the capabilities declare {what}, but the model's forward takes no {cls.position_keyword!r} "
+                    "keyword to pass it in"
+                )
+
+    def _check_declared_packing(self, keywords: ForwardKeywords) -> None:
+        """packing=segment_ids goes in as ``segment_ids=``, or as the attention matrix of a mask
+        keyword that takes one (block-diagonal: each query in its own sequence)."""
+        if self.capabilities.packing == "segment_ids" and self.mask_layout == "padding":
+            if not keywords.accepts("segment_ids"):
+                raise DeclarationError(
+                    "the capabilities declare packing=segment_ids, but the model's forward takes no 'segment_ids' "
+                    "keyword, nor a mask that is an attention matrix, to pass it in"
                 )
 
     @staticmethod
@@ -223,9 +252,17 @@ class ModuleAdapter(Adapter):
             "takes input_pos (see maskcheck.harness.adapters.module)"
         )
 
-    def _probe_ids(self) -> Tensor:
+    #: why cached calls of the module-state protocol are unpadded (Capabilities.unpadded_cache_reason)
+    unpadded_cache_reason = (
+        "the module-state cache protocol (setup_caches, then forward(input_ids, input_pos=...)) passes no mask"
+    )
+
+    def _probe_ids(self, rows: int = 1) -> Tensor:
+        """``[rows, 6]`` ids; an attention matrix is measured on 2 rows, so one that broadcasts
+        over the heads instead of the rows cannot pass for a [B, T, T] one."""
         vocab = self.capabilities.vocab_size
-        return torch.randint(1, vocab, (1, 6), generator=torch.Generator().manual_seed(0)).to(self.capabilities.device)
+        generator = torch.Generator().manual_seed(0)
+        return torch.randint(1, vocab, (rows, 6), generator=generator).to(self.capabilities.device)
 
     def _measured_polarities(self, ids: Tensor) -> dict[str, bool]:
         """For each polarity, whether a mask that pads nothing in it leaves the call without a
@@ -256,44 +293,82 @@ class ModuleAdapter(Adapter):
 
     def _measure_against(self, convention: MaskConvention) -> str | None:
         """What the forward does with a mask its name gives a convention for, measured: None
-        when it reads it in that convention, else the finding, one line. Two measurements: a
-        mask that pads nothing, in each polarity, against the call without a mask (where the
-        mask has a default); and a mask that hides the first half of a row, whose last
-        position must then change (a causal or bidirectional model alike reads those tokens)."""
+        when it reads it in that convention, else the finding, one line. The mask is tried as
+        a padding mask ``[B, T]``, then as an attention matrix (``[B, T, T]``, then
+        ``[B, 1, T, T]``; attention_matrix.py) where the first raises; the first shape the
+        forward takes is its :attr:`mask_layout`."""
         assert self.mask_keyword is not None
-        where = f"the forward's {self.mask_keyword}= (its name's convention: {MEANING[convention]})"
-        ids = self._probe_ids()
+        raised, findings = [], {}
+        for layout in MASK_LAYOUTS:
+            if layout != "padding" and not self._matrix_buildable():
+                break
+            self.mask_layout = layout
+            try:
+                finding = self._measure_layout(convention)
+            except AdapterError as exc:
+                raised.append(f"as {LAYOUT_NAMES[layout]}: {exc}")
+                continue
+            if finding is None:
+                return None
+            findings[layout] = finding
+        if findings:  # the first shape the forward takes without raising, and what it does with it
+            self.mask_layout = next(iter(findings))
+            return findings[self.mask_layout]
+        self.mask_layout = "padding"
+        return f"the forward's {self.mask_keyword}= raised for every mask shape tried: " + "; ".join(raised)
+
+    def _matrix_buildable(self) -> bool:
+        caps = self.capabilities
+        return caps.attention in ("causal", "bidirectional") or (
+            caps.attention == "sliding_window" and bool(caps.window)
+        )
+
+    def _measure_layout(self, convention: MaskConvention) -> str | None:
+        """:meth:`_measure_against` in one :attr:`mask_layout`; an AdapterError when the forward
+        raises on it. Two measurements: a mask that pads nothing, in each polarity, against the
+        call without a mask (where the mask has a default); and a mask that hides the first
+        half of each row, whose last position must then change (a causal or bidirectional
+        model alike reads those tokens)."""
+        assert self.mask_keyword is not None
+        meaning = MEANING[convention] if self.mask_layout == "padding" else MATRIX_MEANING[convention]
+        where = (
+            f"the forward's {self.mask_keyword}= ({LAYOUT_NAMES[self.mask_layout]}; its name's convention: {meaning})"
+        )
+        ids = self._probe_ids(rows=1 if self.mask_layout == "padding" else 2)
         half = torch.ones_like(ids, dtype=torch.bool)
-        half[:, : ids.shape[1] // 2] = False  # [1, T]: the first half hidden
-        nothing_padded = self._mask(torch.ones_like(ids))  # [1, T] in the convention
-        try:
-            with torch.inference_mode():
-                unmasked = self._call(ids, {self.mask_keyword: nothing_padded})
-                hidden = self._call(ids, {self.mask_keyword: self._mask(half)})
-                same = None
-                if self.mask_optional:  # each polarity's "nothing padded" against the call without a mask
-                    bare, inverted = self._call(ids, {}), self._call(ids, {self.mask_keyword: ~nothing_padded})
-                    same = {convention: _close(bare, unmasked), _opposite(convention): _close(bare, inverted)}
-        except AdapterError as exc:
-            return f"{where}: the model raised when given a [B, T] padding mask: {exc}"
-        if _close(unmasked[:, -1:], hidden[:, -1:]):
+        half[0, : ids.shape[1] // 2] = False  # [B, T]: the first half of the first row hidden
+        nothing_padded = self._mask_input(torch.ones_like(ids))  # in the convention
+        with torch.inference_mode():
+            unmasked = self._call(ids, {self.mask_keyword: nothing_padded})
+            hidden = self._call(ids, {self.mask_keyword: self._mask_input(half)})
+            same = None
+            if self.mask_optional:  # each polarity's "nothing padded" against the call without a mask
+                bare, inverted = self._call(ids, {}), self._call(ids, {self.mask_keyword: ~nothing_padded})
+                same = {convention: _close(bare, unmasked), _opposite(convention): _close(bare, inverted)}
+        if ids.shape[0] > 1 and not _close(unmasked[1:], hidden[1:]):
+            # [B, T, T] against scores [B, H, T, T] broadcasts without an error when B = H: rows read heads' masks
+            raise AdapterError("the other rows' logits move with the first row's mask: it is read across rows")
+        if _close(unmasked[:1, -1:], hidden[:1, -1:]):
             return (
                 f"{where}: a mask hiding the first half of the row changes nothing at its last position: the "
                 "forward ignores its mask, so padded slots are read as tokens"
             )
         if same is None or same[convention] and not same[_opposite(convention)]:
             return None
+        opposite = (
+            MEANING[_opposite(convention)] if self.mask_layout == "padding" else MATRIX_MEANING[_opposite(convention)]
+        )
         if same[_opposite(convention)] and not same[convention]:
             return (
-                f"{where}: a mask that pads nothing leaves the call without a mask unchanged only as "
-                f"{MEANING[_opposite(convention)]}: the forward reads its mask inverted (as PyTorch's key_padding_mask), "
-                "so a mask built by a tokenizer or collator hides the real tokens; if that is meant, declare "
-                f"maskcheck_mask_convention = {_opposite(convention)!r}"
+                f"{where}: a mask that pads nothing leaves the call without a mask unchanged only as {opposite}: "
+                "the forward reads its mask inverted (as PyTorch's key_padding_mask), so a mask built by a tokenizer "
+                f"or collator hides the real tokens; if that is meant, declare maskcheck_mask_convention = "
+                f"{_opposite(convention)!r}"
             )
         found = "both" if same[convention] else "neither"
         return (
             f"{where}: a mask that pads nothing leaves the call without a mask unchanged in {found} of "
-            "True = real token and True = padding: the forward reads it as no padding mask of either polarity"
+            f"{meaning} and {opposite}: the forward reads it as no mask of either polarity"
         )
 
     def describe(self) -> dict[str, Any]:
@@ -301,8 +376,10 @@ class ModuleAdapter(Adapter):
         if self.mask_keyword is None:
             described["mask"] = f"none: the forward names none of {', '.join(MASK_KEYWORDS)} (name one: mask_keyword)"
         else:
-            meaning = MEANING.get(self.mask_convention or "", "polarity unknown")
-            described["mask"] = f"{self.mask_keyword}= ({meaning}, {self.mask_source})"
+            meanings = MEANING if self.mask_layout == "padding" else MATRIX_MEANING
+            meaning = meanings.get(self.mask_convention or "", "polarity unknown")
+            shape = "" if self.mask_layout == "padding" else f"{LAYOUT_NAMES[self.mask_layout]}, "
+            described["mask"] = f"{self.mask_keyword}= ({shape}{meaning}, {self.mask_source})"
         described["cache"] = self.cache_shape or "none"
         return described
 
@@ -313,6 +390,19 @@ class ModuleAdapter(Adapter):
         if self.mask_convention is None:
             raise AdapterError(self._polarity_error or "the mask's polarity is unknown")
         return mask.bool() if self.mask_convention == "keep" else ~mask.bool()
+
+    def _mask_input(self, real: Tensor, segments: Tensor | None = None) -> Tensor:
+        """The mask keyword's value for a batch whose real tokens are ``real [B, T]`` (1 = real):
+        a padding mask, or the attention matrix of the declared pattern restricted to real keys
+        and, given ``segments``, to each query's own sequence; in the model's polarity."""
+        if self.mask_layout == "padding":
+            return self._mask(real)
+        caps = self.capabilities
+        assert caps.attention is not None
+        matrix = row_matrix(
+            real, pattern=caps.attention, window=caps.window, segments=segments, layout=self.mask_layout
+        )
+        return self._mask(matrix)
 
     def _call(self, ids: Tensor, keywords: dict[str, Any]) -> Tensor:
         logits = _logits_of(call_model(self.model, ids, **keywords))
@@ -327,18 +417,24 @@ class ModuleAdapter(Adapter):
 
     def _keywords(self, batch: Batch) -> dict[str, Any]:
         keywords: dict[str, Any] = {}
+        caps = self.capabilities
+        packed = batch.segment_ids if caps.packing == "segment_ids" else None
+        in_matrix = packed is not None and self.mask_layout != "padding"  # the segments go in the mask
         if self.mask_keyword is not None:
             mask = batch.attention_mask
+            if mask is None and in_matrix:
+                mask = (packed >= 0).long()
             if mask is None and not self.mask_optional:
                 mask = torch.ones_like(batch.input_ids)
             if mask is not None:
-                keywords[self.mask_keyword] = self._mask(mask)
-        if batch.position_ids is not None and (
-            self.capabilities.takes_position_ids or self.capabilities.packing == "position_ids"
-        ):
-            keywords["position_ids"] = batch.position_ids
-        if batch.segment_ids is not None and self.capabilities.packing == "segment_ids":
-            keywords["segment_ids"] = batch.segment_ids
+                keywords[self.mask_keyword] = self._mask_input(mask, packed if in_matrix else None)
+        positions = batch.position_ids
+        if positions is None and in_matrix and caps.takes_position_ids:  # as the model restarts them for segment_ids
+            positions = segment_positions(packed) + caps.position_offset
+        if positions is not None and (caps.takes_position_ids or caps.packing == "position_ids"):
+            keywords[self.position_keyword] = positions
+        if packed is not None and not in_matrix:
+            keywords["segment_ids"] = packed
         return keywords
 
     def _logits(self, batch: Batch) -> Tensor:
@@ -402,7 +498,7 @@ class ModuleAdapter(Adapter):
 
     def fork(self, state: Any) -> Any:
         if isinstance(state, ModuleStateCache):
-            return ModuleStateCache(state.tokens)  # the tokens fed: fed again when stepped (see _module_step)
+            return state[:]  # the tokens fed: fed again when stepped (see _module_step)
         own = getattr(self.model, "fork", None)
         return ModuleState(call_model(own, state.cache) if callable(own) else copy.deepcopy(state.cache), state.mask)
 
@@ -431,7 +527,7 @@ class ModuleAdapter(Adapter):
     def _rollback(self, state: Any, tokens: int) -> Any:
         if isinstance(state, ModuleStateCache):
             # The next forward's input_pos goes back: what the module holds past it is stale and must be masked.
-            kept = ModuleStateCache(state.tokens[:, :-tokens])
+            kept = state[:, :-tokens]
             if state is self._live:
                 self._live = kept
             return kept
@@ -444,7 +540,7 @@ class ModuleAdapter(Adapter):
             if state is not self._live:
                 self._module_prefill(state.tokens)
             call_model(reorder, index)
-            self._live = ModuleStateCache(state.tokens[index])
+            self._live = state[index]
             return self._live
         reorder = self._serving_method("reorder", "the rows of its cache cannot be rearranged")
         return ModuleState(call_model(reorder, state.cache, index), state.mask[index])
@@ -464,8 +560,11 @@ class ModuleAdapter(Adapter):
             )
         return self._prefill(batch, cache=call_model(reset, state.cache))
 
-    def _module_prefill(self, ids: Tensor, setup: bool = True) -> tuple[Tensor, ModuleStateCache]:
-        """The prompt at positions 0..T-1; ``setup=False`` reuses the buffers the module holds."""
+    def _module_prefill(
+        self, ids: Tensor, setup: bool = True, real: Tensor | None = None
+    ) -> tuple[Tensor, ModuleStateCache]:
+        """The prompt at positions 0..T-1; ``setup=False`` reuses the buffers the module holds.
+        ``real`` is not read: this protocol passes no mask, so its rows are unpadded."""
         length = self.capabilities.max_length or 4 * ids.shape[1] + 64
         if setup:
             call_model(getattr(self.model, MODULE_CACHE_SETUP), ids.shape[0], length)

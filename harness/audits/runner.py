@@ -349,6 +349,13 @@ def other_paths(names: Sequence[str] | None) -> tuple[str, ...] | None:
 
 
 def run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
+    try:
+        return _run_suite(suite, adapter, context)
+    finally:
+        adapter.release_state()  # the model as the suite found it, for the next suite and the host
+
+
+def _run_suite(suite: Any, adapter: Adapter, context: RunContext) -> SuiteResult:
     started = time.perf_counter()
     result = SuiteResult(suite.name)
     reason = suite.not_applicable(adapter.capabilities)

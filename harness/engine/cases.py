@@ -41,10 +41,11 @@ def random_rows(adapter: Adapter, lengths: Sequence[int], seed: int) -> list[Ten
     return [random_ids(seed * 31 + i, (n,), vocab, pad) for i, n in enumerate(lengths)]
 
 
-def row_lengths(capabilities: Capabilities, lengths: Sequence[int]) -> list[int]:
+def row_lengths(capabilities: Capabilities, lengths: Sequence[int], cached: bool = False) -> list[int]:
     """A case's row lengths as the model can take them: a model that takes no attention mask
-    cannot be padded, so every row has the longest length."""
-    if capabilities.takes_attention_mask:
+    cannot be padded, nor can the rows of a cache whose protocol takes none (``cached``), so
+    every row then has the longest length."""
+    if capabilities.takes_attention_mask and not (cached and capabilities.unpadded_cache_reason):
         return list(lengths)
     return [max(lengths)] * len(lengths)
 

@@ -47,8 +47,12 @@ def suite_reason(status: str, checks: list[Any]) -> str:
     """The reason on a suite's line: its worst check's message, or for a pass the checks that
     did not run and why."""
     if status == "pass":
-        conventions = [f"{c.name}: {c.convention}" for c in checks if getattr(c, "convention", None)]
-        parts = ["convention: " + ", ".join(conventions)] if conventions else []
+        by_convention: dict[str, list[str]] = {}  # a convention several checks share is said once
+        for check in checks:
+            if getattr(check, "convention", None):
+                by_convention.setdefault(check.convention, []).append(check.name)
+        conventions = [f"{', '.join(names)}: {convention}" for convention, names in by_convention.items()]
+        parts = ["convention: " + "; ".join(conventions)] if conventions else []
         return "; ".join(parts + [untested] if (untested := untested_text(checks)) else parts)
     worst_check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
     return "" if worst_check is None else worst_check.message
