@@ -15,9 +15,16 @@ warnings.filterwarnings("ignore", message=".*bos_token_id.*")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import logging
+
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # .ci/run repeats the float tests with 2
+    # torchao (the dev extra's, for torchtune; transformers imports it where installed) logs at import
+    # that a CPU torch cannot load its CUDA kernels, and torch's pytree logs a deprecation it triggers:
+    # warnings that would land in the captured stderr of whichever test first imports transformers.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @pytest.fixture(autouse=True)

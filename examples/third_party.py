@@ -36,6 +36,18 @@ def x_encoder() -> nn.Module:
     return model
 
 
+def torchtune_decoder() -> nn.Module:
+    """torchtune's llama3 at a tiny size, as torchtune builds it: nothing to declare. Its
+    ``mask=`` is measured to be an attention matrix, ``input_pos`` is its position ids, and
+    its KV cache is driven as torchtune's ``generate()`` drives it."""
+    from torchtune.models.llama3 import llama3
+
+    torch.manual_seed(0)
+    return llama3(
+        vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=64, intermediate_dim=64
+    ).eval()
+
+
 class TorchEncoder(nn.Module):
     """PyTorch's own ``nn.TransformerEncoder`` under an embedding and a head: the padding mask is
     its ``src_key_padding_mask`` (True = padding), found by name and its polarity measured."""

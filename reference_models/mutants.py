@@ -70,6 +70,7 @@ from .reference_bugs import (
     seeded_reference,
 )
 from .scratch import ScratchDecoder, StepPositionOffByOne, scratch_with_loss
+from .torchtune_decoders import tiny_torchtune, torchtune_cache_advances_one_slot
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,14 @@ MUTANTS: dict[str, Mutant] = {
             _doc(StepPositionOffByOne) + " (a model that takes no mask)",
             StepPositionOffByOne,
             ScratchDecoder,
+        ),
+        Mutant(
+            "torchtune_cache_advances_one_slot",
+            "kv_cache",
+            "incremental",
+            _doc(torchtune_cache_advances_one_slot) + " (torchtune, the dev extra)",
+            torchtune_cache_advances_one_slot,
+            tiny_torchtune,
         ),
         Mutant(
             "scratch_loss_without_shift",

@@ -124,12 +124,22 @@ def adapter_for(
         except HFLoadError as exc:
             raise SpecError(str(exc)) from None
     capabilities = getattr(model, "maskcheck_capabilities", None)
-    if capabilities is not None:
+    if isinstance(capabilities, dict):
         from .base import Capabilities
+
+        capabilities = Capabilities(**capabilities)
+    from .torchtune_models import is_torchtune_decoder
+
+    if is_torchtune_decoder(model):
+        from .torchtune_models import TorchtuneAdapter
+
+        try:  # what it is is read off the module; a declaration, where there is one, is used instead
+            return TorchtuneAdapter(model, capabilities, loss_fn=getattr(model, "maskcheck_loss", None), spec=spec)
+        except ValueError as exc:
+            raise SpecError(f"{spec}: {exc}") from None
+    if capabilities is not None:
         from .module import ModuleAdapter
 
-        if isinstance(capabilities, dict):
-            capabilities = Capabilities(**capabilities)
         try:
             return ModuleAdapter(
                 model,
