@@ -47,9 +47,17 @@ def main() -> int:
         )
     print(f"\nClean models (suites: {', '.join(suites)}):")
     false_positives = 0
-    clean = [(f"ref:{p}", f"ref:{p}") for p in PRESETS] + [
-        (f"hf:{n}/{impl}", (n, impl)) for n in TINY_CONFIGS for impl in ("eager", "sdpa")
+    modules = [  # plain modules: an object cache, a module-state cache with and without a mask, torchtune's
+        "module:maskcheck.reference_models.plain:plain_decoder",
+        "module:maskcheck.reference_models.scratch:ScratchDecoder",
+        "module:maskcheck.reference_models.scratch:ScratchDecoderTakingMask",
+        "module:maskcheck.reference_models.torchtune_decoders:tiny_torchtune",
     ]
+    clean = (
+        [(f"ref:{p}", f"ref:{p}") for p in PRESETS]
+        + [(f"hf:{n}/{impl}", (n, impl)) for n in TINY_CONFIGS for impl in ("eager", "sdpa")]
+        + [(spec, spec) for spec in modules]
+    )
     for label, target in clean:
         if isinstance(target, str):
             result = audit(target, suites, options=options)
