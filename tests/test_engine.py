@@ -326,7 +326,8 @@ def test_a_replaying_check_evaluates_the_forward_checks_most_informative_cases_a
     backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
     backward = replace(backward, name="backward", max_examples=5, replays=3)
     context = replace(ci_context(), examples=10, path_examples=0)
-    result = run_suite(TwoChecks([forward, backward]), SimpleNamespace(capabilities=None), context)
+    adapter = SimpleNamespace(capabilities=None, release_state=lambda: None)  # the runner's view of an adapter
+    result = run_suite(TwoChecks([forward, backward]), adapter, context)
     replayed = informative_cases(list(dict.fromkeys(forward_seen)), 3)
     assert {case.side for case in replayed} == {"left", "right"}
     assert max(max(case.lengths) for case in replayed) > 12  # the long row the forward check drew
@@ -367,7 +368,8 @@ def test_where_every_forward_check_failed_a_replaying_check_searches_their_draws
     backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
     backward = replace(backward, name="backward", max_examples=5, replays=3)
     context = replace(ci_context(), examples=10, path_examples=0)
-    result = run_suite(TwoChecks([forward, backward]), SimpleNamespace(capabilities=None), context)
+    adapter = SimpleNamespace(capabilities=None, release_state=lambda: None)  # the runner's view of an adapter
+    result = run_suite(TwoChecks([forward, backward]), adapter, context)
     checked = {check.name: check for check in result.checks}
     assert checked["recording"].status == "fail"
     if not leaks_left:

@@ -421,7 +421,8 @@ class CheckRun:
                 except CaseFailed as failure:
                     replayed = failure
                     self.search()  # draws the same examples again and shrinks the failure
-        except CaseFailed as failure:
+        except CaseFailed as found:
+            failure = self.shorter(found) if self.context.shrink else found
             if self.stopped_by is not None:
                 failure.outcome.message += (
                     f" (shrinking stopped by {self.stopped_by} after {time.monotonic() - self.shrink_started:.0f} s:"
@@ -437,6 +438,39 @@ class CheckRun:
             self.unshrunk = True
             return _failed(self.check, replayed), self.evaluated, replayed
         return self.verdict(), self.evaluated, None
+
+    def shorter(self, failure: CaseFailed) -> CaseFailed:
+        """The failure with each row of its ``*_lengths`` fields as short as still fails.
+
+        Hypothesis's shrinker cannot take a length drawn from the long range
+        (strategies.short_or_long) back into the short one when the shortest length passes:
+        the long draw's choices then decode as that shortest length. So a failure that needs
+        two tokens stays at the long range's first length (9 tokens for a prompt). Here each
+        row's length is tried from the shortest the strategy drew (its minimal example's) up
+        to its own, the others kept, and the first that still fails is taken: a few cases,
+        evaluated on a failing check only."""
+        case = failure.case
+        if not dataclasses.is_dataclass(case) or self.shrinking_stopped():
+            return failure
+        for name in (f.name for f in dataclasses.fields(case) if f.name.endswith("lengths")):
+            lengths = getattr(failure.case, name)
+            if not (isinstance(lengths, tuple) and all(isinstance(n, int) for n in lengths)):
+                continue
+            drawn = [n for seen in self.cases.values() for n in getattr(seen, name, ()) or ()]
+            shortest = min(drawn, default=min(lengths))
+            for row, length in enumerate(lengths):
+                for shorter in range(shortest, length):
+                    candidate = replace(failure.case, **{name: lengths[:row] + (shorter,) + lengths[row + 1 :]})
+                    try:
+                        self.evaluate_all([candidate])
+                    except CaseFailed as smaller:
+                        failure, lengths = smaller, getattr(smaller.case, name)
+                        break
+                    except AdapterError:  # a length the case cannot take: try the next
+                        continue
+                    if self.shrinking_stopped():
+                        return failure
+        return failure
 
     def search(self) -> None:
         """Hypothesis's generation, then its shrinking: no explicit examples, no database, no target()."""
