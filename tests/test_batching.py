@@ -157,6 +157,7 @@ def test_lockstep_gives_each_evaluation_its_own_logits_in_fewer_forwards(decoder
         for n in range(1, 6)
     ]
     alone = [run_alone(evaluation(decoder, p)) for p in plans]
+    decoder.forward_memo.clear()  # else every request is a call made already: served, not stacked
     calls = []
     original = decoder.logits
     decoder.logits = lambda batch: calls.append(batch.size) or original(batch)  # type: ignore[method-assign]
@@ -194,6 +195,12 @@ def test_one_case_that_raises_leaves_the_others_their_outcomes(decoder: Any) -> 
 
         def logits(self, batch: Batch) -> torch.Tensor:
             raise RuntimeError("this model raises")
+
+        def remembers(self, batch: Batch, keep: int | None = None) -> bool:
+            return False
+
+        def remember(self, batch: Batch, keep: int | None, logits: torch.Tensor) -> None:
+            pass
 
     def raising() -> Any:
         yield Logits(Broken(), Batch(torch.ones(1, 3, dtype=torch.long)))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from .memo import ForwardMemo, batch_fingerprint, forward_memo, memo_enabled, memo_storing, weights_version
 from .paths import (
     CANONICAL,
     DEFAULT_CACHE,
@@ -255,6 +256,8 @@ class Adapter(abc.ABC):
         self.capabilities = capabilities
         if isinstance(model, torch.nn.Module):
             model.eval()
+        #: logits of calls already made (memo.py); shared by this adapter's path copies and twin
+        self.forward_memo = ForwardMemo()
 
     # -- the protocol -----------------------------------------------------------------------
 
@@ -267,6 +270,10 @@ class Adapter(abc.ABC):
         batch = batch_on_path(batch, self.path, self.capabilities.position_offset)
         ids = batch.predicted_ids
         keep = None if keep is None or keep >= ids.shape[1] else keep
+        key = self._call_key(batch, keep)
+        remembered = None if key is None else self.forward_memo.get(key)
+        if remembered is not None:
+            return remembered
         if self.path.training:
             with training_forward(self.model):
                 out = self._kept_logits(trainable_copy(batch), keep)
@@ -274,7 +281,54 @@ class Adapter(abc.ABC):
         else:
             with torch.inference_mode():
                 out = self._kept_logits(batch, keep)
-        return check_logits(out, ids.shape[0], keep or ids.shape[1], self.capabilities.vocab_size)
+        logits = check_logits(out, ids.shape[0], keep or ids.shape[1], self.capabilities.vocab_size)
+        if key is not None and memo_storing():
+            self.forward_memo.put(key, logits)
+        return logits
+
+    def _call_key(self, batch: Batch, keep: int | None) -> tuple | None:
+        """What identifies this call of the model (memo.py), for ``batch`` as the path hands it
+        over; None when the memo is off."""
+        version = weights_version(self.model) if memo_enabled() else None
+        if version is None:
+            return None
+        path = self.path
+        return (
+            id(self.model),
+            version,
+            path.training,
+            path.default_cache,
+            self._call_settings(),
+            keep,
+            batch_fingerprint(batch),
+        )
+
+    def _call_settings(self) -> tuple:
+        """What of this adapter shapes a call besides the batch and the path: its capabilities
+        and every plain value it holds (a copy left at ``use_cache=None``, one that passes a
+        mask of ones, another measured mask layout all call the model otherwise). Plain
+        values only: one that is bookkeeping can cost a memo hit, never serve a wrong call."""
+        plain = (bool, int, float, str, type(None))
+        held = tuple(sorted((name, value) for name, value in vars(self).items() if isinstance(value, plain)))
+        return (self.capabilities, held)
+
+    def _request_key(self, batch: Batch, keep: int | None) -> tuple | None:
+        """:meth:`_call_key` of the call :meth:`logits` would make for ``batch`` and ``keep``."""
+        moved = batch_on_path(batch, self.path, self.capabilities.position_offset)
+        length = moved.predicted_ids.shape[1]
+        return self._call_key(moved, None if keep is None or keep >= length else keep)
+
+    def remembers(self, batch: Batch, keep: int | None = None) -> bool:
+        """Whether :meth:`logits` of ``batch`` would be served from the memo: the batching
+        engine asks before it stacks a request with others."""
+        key = self._request_key(batch, keep)
+        return key is not None and key in self.forward_memo
+
+    def remember(self, batch: Batch, keep: int | None, logits: Tensor) -> None:
+        """Keep ``logits`` as the call's for ``batch`` (a request answered from a stacked forward)."""
+        key = self._request_key(batch, keep)
+        if key is not None:
+            self.forward_memo.put(key, logits)
 
     def loss(self, batch: Batch, labels: Tensor) -> Tensor:
         """The model's own loss for unshifted ``labels [B, T]`` (-100 ignored), on :attr:`path`."""
@@ -658,7 +712,8 @@ class Adapter(abc.ABC):
             probe = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(ids))
         training = self.on_path(TRAINING)
         try:
-            first, second = training.logits(probe), training.logits(probe)
+            with forward_memo(False):  # the second forward is the measurement: computed, never served
+                first, second = training.logits(probe), training.logits(probe)
         except AdapterError as exc:
             return f"the training forward failed: {exc}"
         if not torch.equal(first, second):

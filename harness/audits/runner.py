@@ -165,6 +165,7 @@ def audit(
     :class:`maskcheck.harness.engine.registry.UnknownSuiteError` for an unknown suite name.
     """
     adapter = load_adapter(model, options) if isinstance(model, str) else adapter_for(model)
+    adapter.forward_memo.clear()  # a memo per audit: the model may have changed since the last one
     names = list(suites) if suites else suite_names()
     loaded = [(name, load_suite(name)) for name in names]  # unknown names fail before any work
     check_profile(profile)
@@ -248,6 +249,10 @@ def audit(
             progress("done", name, result)
     # Measured on the first check that asked for the last positions only: known after the suites.
     result.environment["logits_to_keep"] = adapter.describe_kept_logits()
+    memo = adapter.forward_memo
+    result.environment["forward_memo"] = (
+        f"{memo.hits} forward(s) served from earlier identical calls, {memo.misses} computed"
+    )
     for name in probes:
         result.probes.append(_probe(name, adapter, seed, report_dir))
     return result

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
+from ..adapters.memo import not_stored
 from ..adapters.paths import CallLog, logging_calls
 
 #: A forward's fixed cost, in tokens of its per-token cost: padding that costs more than the
@@ -172,6 +173,9 @@ def answer(
     for group in plan_decodings(decodings):
         replies.update(_decode_together([(key, decodings[key]) for key in group], log_of))
     forwards = {key: r for key, r in requests.items() if isinstance(r, Logits)}
+    for key, request in list(forwards.items()):  # a call made already is served by its adapter's memo, not stacked
+        if request.adapter.remembers(request.batch, request.keep):
+            replies[key] = _forward(forwards.pop(key), log_of(key))
     for group in plan(forwards):
         if len(group) == 1:
             replies[group[0]] = _forward(forwards[group[0]], log_of(group[0]))
@@ -186,7 +190,7 @@ def answer(
                     getattr(request.adapter, "path", None), request.batch, request.adapter.capabilities.position_offset
                 )
         try:
-            with logging_calls(None):  # the stacked call is no case's own: each request was noted above
+            with logging_calls(None), not_stored():  # the stacked call is no case's own: each request was noted above
                 keeps = [r.keep for r in asked]
                 keep = None if None in keeps else max(k for k in keeps if k is not None)
                 logits = _logits(
@@ -204,6 +208,7 @@ def answer(
             else:
                 columns = slice(length - own, length) if side == "left" else slice(0, own)
             replies[i] = logits[start : start + rows, columns]  # [B, T or keep, V] of this request
+            request.adapter.remember(request.batch, request.keep, replies[i])
             start += rows
     return replies
 

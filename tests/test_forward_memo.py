@@ -1,0 +1,93 @@
+"""Each distinct forward once (harness/adapters/memo.py): a repeated call is served from the
+audit's memo, which changes no verdict, holds a bounded number of bytes, and never serves a
+changed model, another path's call settings or a training forward from an eval one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from maskcheck import audit
+from maskcheck.harness.adapters.base import Batch, Capabilities
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.adapters.memo import ForwardMemo, forward_memo
+from maskcheck.harness.adapters.module import ModuleAdapter
+from maskcheck.harness.adapters.paths import TRAINING
+from maskcheck.reference_models.hf_tiny import tiny_model
+
+
+def verdicts(result):  # type: ignore[no-untyped-def]
+    """Each check's status, the case and message of a verdict that is not a pass, and the
+    paths it ran on with their statuses and case counts. A pass reports its worst case by
+    measured ratio among differences at the noise floor, which another stacking of forwards
+    reorders (tests/verdict_record.py leaves it out too): of a pass, its case count."""
+    return {
+        (suite.name, check.name): (
+            check.status,
+            None if check.status == "pass" else check.case,
+            check.message.split(";")[0] if check.status == "pass" else check.message,
+            [(run["path"], run["status"], run.get("cases")) for run in check.paths],
+        )
+        for suite in result.suites
+        for check in suite.checks
+    }
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        pytest.param(lambda: "ref:tiny-decoder", id="reference-decoder"),
+        pytest.param(lambda: HFAdapter(tiny_model("llama", "sdpa")), id="hf-llama"),
+        pytest.param(lambda: HFAdapter(tiny_model("gpt2", "eager")), id="hf-gpt2"),
+        # T5's train-mode forward draws randomness outside nn.Dropout: the training path's
+        # probe (two forwards of one batch) must compute its second forward, not be served it
+        pytest.param(lambda: HFAdapter(tiny_model("t5", "sdpa")), id="hf-t5"),
+    ],
+)
+@pytest.mark.call_paths  # the path replays are where calls repeat most
+def test_an_audit_with_reuse_gives_the_verdicts_cases_and_messages_of_one_without(build) -> None:  # type: ignore[no-untyped-def]
+    suites = ["causal", "padding", "loss_masking", "packing", "kv_cache"]
+    with forward_memo(False):
+        without = audit(build(), suites, profile="ci")
+    adapter = build()
+    with_reuse = audit(adapter, suites, profile="ci")
+    assert verdicts(with_reuse) == verdicts(without)
+    if not isinstance(adapter, str):
+        assert adapter.forward_memo.hits > 0  # something was served, or the test shows nothing
+
+
+class TrainingSensitive(nn.Module):
+    """Logits that depend on the mode: a forward whose training branch differs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 8)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids) * (2.0 if self.training else 1.0)
+
+
+def test_a_changed_model_or_another_mode_is_never_served_an_earlier_forward() -> None:
+    model = TrainingSensitive()
+    adapter = ModuleAdapter(model, Capabilities(family="decoder", vocab_size=8, takes_attention_mask=False))
+    batch = Batch(torch.tensor([[1, 2, 3]]))
+    first = adapter.logits(batch)
+    torch.testing.assert_close(adapter.logits(batch), first, rtol=0, atol=0)
+    assert adapter.forward_memo.hits == 1
+    trained = adapter.on_path(TRAINING).logits(batch)  # the training forward: its own call, never the eval one's
+    torch.testing.assert_close(trained, 2 * first, rtol=0, atol=0)
+    with torch.no_grad():
+        model.embed.weight.add_(1.0)  # an in-place change of the weights: a new model
+    torch.testing.assert_close(adapter.logits(batch), first + 1.0, rtol=0, atol=0)
+
+
+def test_what_the_memo_holds_is_bounded_and_served_as_a_copy() -> None:
+    memo = ForwardMemo(limit=3 * 4 * 10)  # three [10] float32 tensors
+    for i in range(5):
+        memo.put(("call", i), torch.full((10,), float(i)))
+    assert memo.held_bytes <= memo.limit and ("call", 0) not in memo and ("call", 4) in memo
+    served = memo.get(("call", 4))
+    assert served is not None
+    served.add_(100.0)  # a check that writes into its logits
+    assert float(memo.get(("call", 4))[0]) == 4.0
