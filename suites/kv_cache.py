@@ -247,14 +247,12 @@ class KVCacheSuite(Suite):
         mask = full.predicted_mask
         where = torch.ones_like(full.predicted_ids, dtype=torch.bool) if mask is None else mask.bool()
 
-        try:
-            incremental, state = b.adapter.prefill(b.prefix(full, prompt))  # [B, P, V]
-            pieces, start, spans = [incremental], prompt, []
-            for n in case.chunks:
-                step_logits, state = b.adapter.step(state, full.predicted_ids[:, start : start + n])  # [B, n, V]
-                pieces.append(step_logits)
-                spans.append((start, n))
-                start += n
+        spans, start = [], prompt
+        for n in case.chunks:
+            spans.append((start, n))
+            start += n
+        try:  # the prompt's logits [B, P, V], then each step's [B, n, V]
+            pieces = b.adapter.decoded(b.prefix(full, prompt), [full.predicted_ids[:, s : s + n] for s, n in spans])
         except LogitsShapeError as error:
             return (yield from misshapen_cache(b.adapter, full, error))
         cached = torch.cat(pieces, dim=1)  # [B, T, V]

@@ -91,3 +91,21 @@ def test_what_the_memo_holds_is_bounded_and_served_as_a_copy() -> None:
     assert served is not None
     served.add_(100.0)  # a check that writes into its logits
     assert float(memo.get(("call", 4))[0]) == 4.0
+
+
+def test_a_fresh_decode_is_remembered_by_its_prompt_and_the_tokens_fed_after_it() -> None:
+    from maskcheck.harness.adapters.specs import load_adapter
+
+    adapter = load_adapter("ref:tiny-decoder")
+    prompt = Batch(torch.tensor([[3, 4, 5]]), torch.ones(1, 3, dtype=torch.long))
+    steps = [torch.tensor([[6]]), torch.tensor([[7, 8]])]
+    first = adapter.decoded(prompt, steps)
+    hits = adapter.forward_memo.hits
+    again = adapter.decoded(prompt, steps)
+    assert adapter.forward_memo.hits == hits + 1
+    for one, other in zip(first, again):
+        torch.testing.assert_close(other, one, rtol=0, atol=0)
+    other_tokens = adapter.decoded(prompt, [torch.tensor([[6]]), torch.tensor([[7, 9]])])
+    assert adapter.forward_memo.hits == hits + 1  # other tokens fed: decoded, not served
+    torch.testing.assert_close(other_tokens[1], first[1], rtol=0, atol=0)  # the same prefix decodes alike
+    assert not torch.equal(other_tokens[2][:, -1], first[2][:, -1])

@@ -11,14 +11,22 @@ import abc
 import copy
 import dataclasses
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from .memo import ForwardMemo, batch_fingerprint, forward_memo, memo_enabled, memo_storing, weights_version
+from .memo import (
+    ForwardMemo,
+    batch_fingerprint,
+    forward_memo,
+    memo_enabled,
+    memo_storing,
+    tensor_fingerprint,
+    weights_version,
+)
 from .paths import (
     CANONICAL,
     DEFAULT_CACHE,
@@ -302,6 +310,46 @@ class Adapter(abc.ABC):
             keep,
             batch_fingerprint(batch),
         )
+
+    def _decoding_key(self, prompt: Batch, what: tuple) -> tuple | None:
+        """What identifies a fresh decode of ``prompt`` (``what``: the tokens fed after it, or
+        a greedy decode's length). Cached calls take the batch as it is on every path, in eval
+        mode and with the cache on, so no path setting is part of it: a path replaying a cache
+        check compares its own full forward with the decode the canonical path made."""
+        version = weights_version(self.model) if memo_enabled() else None
+        if version is None:
+            return None
+        return ("decode", id(self.model), version, self._call_settings(), batch_fingerprint(prompt), what)
+
+    def remembers_decoding(self, prompt: Batch, what: tuple) -> bool:
+        key = self._decoding_key(prompt, what)
+        return key is not None and key in self.forward_memo
+
+    def recall_decoding(self, prompt: Batch, what: tuple) -> Any:
+        key = self._decoding_key(prompt, what)
+        return None if key is None else self.forward_memo.get(key)
+
+    def remember_decoding(self, prompt: Batch, what: tuple, value: tuple[Tensor, ...]) -> None:
+        key = self._decoding_key(prompt, what)
+        if key is not None and memo_storing():
+            self.forward_memo.put(key, value)
+
+    def decoded(self, prompt: Batch, steps: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """A fresh decode: :meth:`prefill` of ``prompt``, then each of ``steps`` (``[B, n]``
+        tokens) fed in turn; the prompt's logits ``[B, P, V]`` and each step's ``[B, n, V]``.
+        It starts from a new cache, so it is a function of its inputs alone and is remembered
+        as a forward is (memo.py): a call path replaying a cache check decodes once."""
+        what = ("steps", *(tensor_fingerprint(tokens) for tokens in steps))
+        remembered = self.recall_decoding(prompt, what)
+        if remembered is not None:
+            return remembered
+        logits, state = self.prefill(prompt)
+        pieces = [logits]
+        for tokens in steps:
+            step_logits, state = self.step(state, tokens)
+            pieces.append(step_logits)
+        self.remember_decoding(prompt, what, tuple(pieces))
+        return tuple(pieces)
 
     def _call_settings(self) -> tuple:
         """What of this adapter shapes a call besides the batch and the path: its capabilities

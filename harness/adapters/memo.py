@@ -13,8 +13,12 @@ call again. A call is *the same* when everything the model is given is the same:
   in-place change (loading a variant, an optimiser step), so a changed model is a new key.
 
 What is served is a copy, so a check that writes into its logits cannot change another's.
-Never served: cached decoding (``prefill``/``step`` advance a state), losses, and the
-gradient checks' forwards (they call the model themselves, with their own backward).
+A *fresh* cached decode is remembered the same way (``Adapter.decoded``: a prompt and the
+tokens fed after it; ``batching.greedy``): it starts from a new cache, so it is a function of
+its inputs, and a call path replaying a cache check reuses the canonical path's decode.
+Never served: a step of a decode in progress or a serving operation (they advance or change a
+state), losses, the gradient checks' forwards (they call the model themselves, with their own
+backward), and a forward made to measure run-to-run differences (``forward_memo(False)``).
 Training-path results are keyed apart from eval results and served only to training calls.
 
 Bounded: :data:`MEMO_BYTES` of logits, the least recently used dropped first, so an audit of
@@ -31,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields
-from typing import Any
+from typing import Any, Union
 
 import torch
 from torch import Tensor
@@ -104,8 +108,23 @@ def batch_fingerprint(batch: Any) -> tuple:
     return tuple((f.name, tensor_fingerprint(getattr(batch, f.name))) for f in fields(batch))
 
 
+Remembered = Union[Tensor, tuple[Tensor, ...]]
+
+
+def _bytes(value: Remembered) -> int:
+    tensors = value if isinstance(value, tuple) else (value,)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _copy(value: Remembered) -> Remembered:
+    if isinstance(value, tuple):
+        return tuple(t.detach().clone() for t in value)
+    return value.detach().clone()
+
+
 class ForwardMemo:
-    """Logits by call key, least recently used first out, at most ``limit`` bytes."""
+    """Logits (or a decode's tensors) by call key, least recently used first out, at most
+    ``limit`` bytes."""
 
     def __init__(self, limit: int = MEMO_BYTES) -> None:
         self.limit = limit
@@ -117,24 +136,24 @@ class ForwardMemo:
     def __contains__(self, key: tuple) -> bool:
         return key in self._entries
 
-    def get(self, key: tuple) -> Tensor | None:
-        logits = self._entries.get(key)
-        if logits is None:
+    def get(self, key: tuple) -> Any:
+        value = self._entries.get(key)
+        if value is None:
             self.misses += 1
             return None
         self._entries.move_to_end(key)
         self.hits += 1
-        return logits.clone()
+        return _copy(value)
 
-    def put(self, key: tuple, logits: Tensor) -> None:
-        size = logits.numel() * logits.element_size()
+    def put(self, key: tuple, value: Remembered) -> None:
+        size = _bytes(value)
         if size > self.limit or key in self._entries:
             return
-        self._entries[key] = logits.detach().clone()
+        self._entries[key] = _copy(value)
         self._bytes += size
         while self._bytes > self.limit:
             _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.numel() * dropped.element_size()
+            self._bytes -= _bytes(dropped)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -251,7 +251,7 @@ def audit(
     result.environment["logits_to_keep"] = adapter.describe_kept_logits()
     memo = adapter.forward_memo
     result.environment["forward_memo"] = (
-        f"{memo.hits} forward(s) served from earlier identical calls, {memo.misses} computed"
+        f"{memo.hits} call(s) served from earlier identical calls of this audit, {memo.misses} computed"
     )
     for name in probes:
         result.probes.append(_probe(name, adapter, seed, report_dir))

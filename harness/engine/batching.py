@@ -70,7 +70,17 @@ class Greedy:
 
 
 def greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:
-    """Greedy decoding with the cache: the chosen tokens ``[B, n]`` and the logits each was chosen from ``[B, n, V]``."""
+    """Greedy decoding with the cache: the chosen tokens ``[B, n]`` and the logits each was
+    chosen from ``[B, n, V]``. A fresh decode, so remembered as forwards are (adapters/memo.py)."""
+    remembered = adapter.recall_decoding(batch, ("greedy", new_tokens))
+    if remembered is not None:
+        return remembered
+    decoded = _greedy(adapter, batch, new_tokens)
+    adapter.remember_decoding(batch, ("greedy", new_tokens), decoded)
+    return decoded
+
+
+def _greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:
     logits, state = adapter.prefill(batch)
     last = logits[:, -1]  # [B, V]: left padding puts every row's last real token in the last column
     tokens, chosen_from = [], []
@@ -170,6 +180,9 @@ def answer(
     ``log_of(key)``: where the request's model calls are noted."""
     replies: dict[Any, Any] = {}
     decodings = {key: r for key, r in requests.items() if isinstance(r, Greedy)}
+    for key, request in list(decodings.items()):  # a decode made already is served, not stacked
+        if request.adapter.remembers_decoding(request.batch, ("greedy", request.new_tokens)):
+            replies[key] = _forward(decodings.pop(key), log_of(key))
     for group in plan_decodings(decodings):
         replies.update(_decode_together([(key, decodings[key]) for key in group], log_of))
     forwards = {key: r for key, r in requests.items() if isinstance(r, Logits)}
@@ -258,15 +271,17 @@ def _decode_together(
     steps = max(r.new_tokens for _, r in asked)
     length = max(r.batch.input_ids.shape[1] for _, r in asked)  # a group of several lengths is padded on the left
     try:
-        tokens, logits = greedy(
-            asked[0][1].adapter, concat([widen(r.batch, length, "left", r.adapter) for _, r in asked]), steps
-        )  # [sum B, n], [sum B, n, V]
+        with not_stored():  # the stacked decode is no request's own: each request's rows are kept below
+            tokens, logits = greedy(
+                asked[0][1].adapter, concat([widen(r.batch, length, "left", r.adapter) for _, r in asked]), steps
+            )  # [sum B, n], [sum B, n, V]
     except Exception:
         return {key: _forward(r, log_of(key)) for key, r in asked}
     replies, start = {}, 0
     for key, request in asked:
         rows = slice(start, start + request.batch.size)
         replies[key] = (tokens[rows, : request.new_tokens], logits[rows, : request.new_tokens])
+        request.adapter.remember_decoding(request.batch, ("greedy", request.new_tokens), replies[key])
         start += request.batch.size
     return replies
 
