@@ -49,27 +49,26 @@ _STORING: ContextVar[bool] = ContextVar("maskcheck_forward_memo_storing", defaul
 
 
 @contextmanager
-def forward_memo(enabled: bool) -> Iterator[None]:
-    """Serve repeated forwards from the memo (True, the default) or compute each (False)."""
-    token = _ENABLED.set(enabled)
+def _set(variable: ContextVar[bool], value: bool) -> Iterator[None]:
+    token = variable.set(value)
     try:
         yield
     finally:
-        _ENABLED.reset(token)
+        variable.reset(token)
+
+
+def forward_memo(enabled: bool) -> Any:
+    """Serve repeated forwards from the memo (True, the default) or compute each (False)."""
+    return _set(_ENABLED, enabled)
 
 
 def memo_enabled() -> bool:
     return _ENABLED.get()
 
 
-@contextmanager
-def not_stored() -> Iterator[None]:
+def not_stored() -> Any:
     """A forward made inside is not kept (a stacked forward: its requests are kept one by one)."""
-    token = _STORING.set(False)
-    try:
-        yield
-    finally:
-        _STORING.reset(token)
+    return _set(_STORING, False)
 
 
 def memo_storing() -> bool:
