@@ -31,14 +31,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 from torch import Tensor
+
+from .paths import on_path as batch_on_path
+
+if TYPE_CHECKING:
+    from .base import Batch
 
 #: The most logits the memo holds at once: 256 MiB in float32, as one stacked forward may return.
 MEMO_BYTES = 2**28
@@ -162,3 +167,98 @@ class ForwardMemo:
     @property
     def held_bytes(self) -> int:
         return self._bytes
+
+
+class MemoisedCalls:
+    """How an adapter keys its calls for its :class:`ForwardMemo` (``self.forward_memo``), and
+    the fresh decode it remembers (:meth:`decoded`). Mixed into ``base.Adapter``, whose
+    ``model``, ``path``, ``capabilities``, ``prefill`` and ``step`` it uses."""
+
+    model: Any
+    path: Any
+    capabilities: Any
+    forward_memo: ForwardMemo
+
+    def _call_key(self, batch: Batch, keep: int | None) -> tuple | None:
+        """What identifies this call of the model (the module docstring), for ``batch`` as the path hands it
+        over; None when the memo is off."""
+        version = weights_version(self.model) if memo_enabled() else None
+        if version is None:
+            return None
+        path = self.path
+        return (
+            id(self.model),
+            version,
+            path.training,
+            path.default_cache,
+            self._call_settings(),
+            keep,
+            batch_fingerprint(batch),
+        )
+
+    def _decoding_key(self, prompt: Batch, what: tuple) -> tuple | None:
+        """What identifies a fresh decode of ``prompt`` (``what``: the tokens fed after it, or
+        a greedy decode's length). Cached calls take the batch as it is on every path, in eval
+        mode and with the cache on, so no path setting is part of it: a path replaying a cache
+        check compares its own full forward with the decode the canonical path made."""
+        version = weights_version(self.model) if memo_enabled() else None
+        if version is None:
+            return None
+        return ("decode", id(self.model), version, self._call_settings(), batch_fingerprint(prompt), what)
+
+    def remembers_decoding(self, prompt: Batch, what: tuple) -> bool:
+        key = self._decoding_key(prompt, what)
+        return key is not None and key in self.forward_memo
+
+    def recall_decoding(self, prompt: Batch, what: tuple) -> Any:
+        key = self._decoding_key(prompt, what)
+        return None if key is None else self.forward_memo.get(key)
+
+    def remember_decoding(self, prompt: Batch, what: tuple, value: tuple[Tensor, ...]) -> None:
+        key = self._decoding_key(prompt, what)
+        if key is not None and memo_storing():
+            self.forward_memo.put(key, value)
+
+    def decoded(self, prompt: Batch, steps: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """A fresh decode: :meth:`prefill` of ``prompt``, then each of ``steps`` (``[B, n]``
+        tokens) fed in turn; the prompt's logits ``[B, P, V]`` and each step's ``[B, n, V]``.
+        It starts from a new cache, so it is a function of its inputs alone and is remembered
+        as a forward is: a call path replaying a cache check decodes once."""
+        what = ("steps", *(tensor_fingerprint(tokens) for tokens in steps))
+        remembered = self.recall_decoding(prompt, what)
+        if remembered is not None:
+            return remembered
+        logits, state = self.prefill(prompt)
+        pieces = [logits]
+        for tokens in steps:
+            step_logits, state = self.step(state, tokens)
+            pieces.append(step_logits)
+        self.remember_decoding(prompt, what, tuple(pieces))
+        return tuple(pieces)
+
+    def _call_settings(self) -> tuple:
+        """What of this adapter shapes a call besides the batch and the path: its capabilities
+        and every plain value it holds (a copy left at ``use_cache=None``, one that passes a
+        mask of ones, another measured mask layout all call the model otherwise). Plain
+        values only: one that is bookkeeping can cost a memo hit, never serve a wrong call."""
+        plain = (bool, int, float, str, type(None))
+        held = tuple(sorted((name, value) for name, value in vars(self).items() if isinstance(value, plain)))
+        return (self.capabilities, held)
+
+    def _request_key(self, batch: Batch, keep: int | None) -> tuple | None:
+        """:meth:`_call_key` of the call :meth:`logits` would make for ``batch`` and ``keep``."""
+        moved = batch_on_path(batch, self.path, self.capabilities.position_offset)
+        length = moved.predicted_ids.shape[1]
+        return self._call_key(moved, None if keep is None or keep >= length else keep)
+
+    def remembers(self, batch: Batch, keep: int | None = None) -> bool:
+        """Whether :meth:`logits` of ``batch`` would be served from the memo: the batching
+        engine asks before it stacks a request with others."""
+        key = self._request_key(batch, keep)
+        return key is not None and key in self.forward_memo
+
+    def remember(self, batch: Batch, keep: int | None, logits: Tensor) -> None:
+        """Keep ``logits`` as the call's for ``batch`` (a request answered from a stacked forward)."""
+        key = self._request_key(batch, keep)
+        if key is not None:
+            self.forward_memo.put(key, logits)
