@@ -35,15 +35,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import torch
 from torch import Tensor
 
 from .paths import on_path as batch_on_path
-
-if TYPE_CHECKING:
-    from .base import Batch
 
 #: The most logits the memo holds at once: 256 MiB in float32, as one stacked forward may return.
 MEMO_BYTES = 2**28
@@ -179,7 +176,7 @@ class MemoisedCalls:
     capabilities: Any
     forward_memo: ForwardMemo
 
-    def _call_key(self, batch: Batch, keep: int | None) -> tuple | None:
+    def _call_key(self, batch: Any, keep: int | None) -> tuple | None:
         """What identifies this call of the model (the module docstring), for ``batch`` as the path hands it
         over; None when the memo is off."""
         version = weights_version(self.model) if memo_enabled() else None
@@ -196,7 +193,7 @@ class MemoisedCalls:
             batch_fingerprint(batch),
         )
 
-    def _decoding_key(self, prompt: Batch, what: tuple) -> tuple | None:
+    def _decoding_key(self, prompt: Any, what: tuple) -> tuple | None:
         """What identifies a fresh decode of ``prompt`` (``what``: the tokens fed after it, or
         a greedy decode's length). Cached calls take the batch as it is on every path, in eval
         mode and with the cache on, so no path setting is part of it: a path replaying a cache
@@ -206,20 +203,20 @@ class MemoisedCalls:
             return None
         return ("decode", id(self.model), version, self._call_settings(), batch_fingerprint(prompt), what)
 
-    def remembers_decoding(self, prompt: Batch, what: tuple) -> bool:
+    def remembers_decoding(self, prompt: Any, what: tuple) -> bool:
         key = self._decoding_key(prompt, what)
         return key is not None and key in self.forward_memo
 
-    def recall_decoding(self, prompt: Batch, what: tuple) -> Any:
+    def recall_decoding(self, prompt: Any, what: tuple) -> Any:
         key = self._decoding_key(prompt, what)
         return None if key is None else self.forward_memo.get(key)
 
-    def remember_decoding(self, prompt: Batch, what: tuple, value: tuple[Tensor, ...]) -> None:
+    def remember_decoding(self, prompt: Any, what: tuple, value: tuple[Tensor, ...]) -> None:
         key = self._decoding_key(prompt, what)
         if key is not None and memo_storing():
             self.forward_memo.put(key, value)
 
-    def decoded(self, prompt: Batch, steps: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    def decoded(self, prompt: Any, steps: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """A fresh decode: :meth:`prefill` of ``prompt``, then each of ``steps`` (``[B, n]``
         tokens) fed in turn; the prompt's logits ``[B, P, V]`` and each step's ``[B, n, V]``.
         It starts from a new cache, so it is a function of its inputs alone and is remembered
@@ -245,19 +242,19 @@ class MemoisedCalls:
         held = tuple(sorted((name, value) for name, value in vars(self).items() if isinstance(value, plain)))
         return (self.capabilities, held)
 
-    def _request_key(self, batch: Batch, keep: int | None) -> tuple | None:
+    def _request_key(self, batch: Any, keep: int | None) -> tuple | None:
         """:meth:`_call_key` of the call :meth:`logits` would make for ``batch`` and ``keep``."""
         moved = batch_on_path(batch, self.path, self.capabilities.position_offset)
         length = moved.predicted_ids.shape[1]
         return self._call_key(moved, None if keep is None or keep >= length else keep)
 
-    def remembers(self, batch: Batch, keep: int | None = None) -> bool:
+    def remembers(self, batch: Any, keep: int | None = None) -> bool:
         """Whether :meth:`logits` of ``batch`` would be served from the memo: the batching
         engine asks before it stacks a request with others."""
         key = self._request_key(batch, keep)
         return key is not None and key in self.forward_memo
 
-    def remember(self, batch: Batch, keep: int | None, logits: Tensor) -> None:
+    def remember(self, batch: Any, keep: int | None, logits: Tensor) -> None:
         """Keep ``logits`` as the call's for ``batch`` (a request answered from a stacked forward)."""
         key = self._request_key(batch, keep)
         if key is not None:
