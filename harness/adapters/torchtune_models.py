@@ -125,7 +125,8 @@ class TorchtuneAdapter(ModuleAdapter):
         self._delete_caches()
         if self._found_caches is not None:
             batch, dtype, slots = self._found_caches
-            self.model.setup_caches(batch, dtype, decoder_max_seq_len=slots)
+            with next(self.model.parameters()).device:
+                self.model.setup_caches(batch, dtype, decoder_max_seq_len=slots)
 
     # -- the cache ----------------------------------------------------------------------------
 
@@ -143,8 +144,9 @@ class TorchtuneAdapter(ModuleAdapter):
         holds, emptied by the caller."""
         if setup or self._cache_batch != ids.shape[0]:
             self._delete_caches()
-            dtype = next(self.model.parameters()).dtype
-            self.model.setup_caches(ids.shape[0], dtype, decoder_max_seq_len=self._slots)
+            parameter = next(self.model.parameters())
+            with parameter.device:  # torchtune builds cache buffers on the default device (local_kv_cache does this)
+                self.model.setup_caches(ids.shape[0], parameter.dtype, decoder_max_seq_len=self._slots)
             self._cache_batch = ids.shape[0]
         state = ModuleStateCache(ids[:, :0], None if real is None else real[:, :0])  # nothing fed yet
         return self._feed(state, ids, real)
