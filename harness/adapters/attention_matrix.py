@@ -22,9 +22,17 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ...reference_models.masks import build_attention_mask
+
 #: how the matrix is shaped for the forward: [B, T, S], or [B, 1, T, S] (broadcast over heads)
 MatrixLayout = Literal["matrix", "matrix_heads"]
 SHAPES = {"matrix": "[B, T, T]", "matrix_heads": "[B, 1, T, T]"}
+
+
+def buildable(pattern: str | None, window: int | None) -> bool:
+    """Whether a batch gives the matrix of ``pattern``: causal, bidirectional, or a sliding
+    window of a known width (a prefix-LM's or chunked pattern needs what no batch holds)."""
+    return pattern in ("causal", "bidirectional") or (pattern == "sliding_window" and bool(window))
 
 
 def allowed_keys(
@@ -39,22 +47,21 @@ def allowed_keys(
     ``query_slots [n]`` over ``S`` keys whose real tokens are ``key_real [B, S]`` (1 = real).
     ``segments [B, S]`` (0, 1, 2 ... per packed sequence, -1 at padding) keeps each query in
     its own sequence. ``pattern`` is "causal", "sliding_window" (``window`` counts the
-    query itself) or "bidirectional"; any other cannot be built from a batch."""
-    batch, keys = key_real.shape
-    key_slots = torch.arange(keys, device=key_real.device)  # [S]
-    distance = query_slots[:, None] - key_slots[None, :]  # [n, S]: how far back each key is
-    if pattern == "bidirectional":
-        pattern_allows = torch.ones_like(distance, dtype=torch.bool)
-    elif pattern == "causal":
-        pattern_allows = distance >= 0
-    elif pattern == "sliding_window" and window:
-        pattern_allows = (distance >= 0) & (distance < window)
-    else:
+    query itself) or "bidirectional"; any other cannot be built from a batch. The pattern,
+    padding and segments are combined by the reference models' one mask builder."""
+    if not buildable(pattern, window):
         raise ValueError(f"an attention matrix for the {pattern!r} pattern cannot be built from a batch")
-    allowed = pattern_allows[None] & key_real.bool()[:, None, :]  # [B, n, S]
-    if segments is not None:
-        query_segments = segments[:, query_slots]  # [B, n]
-        allowed = allowed & (query_segments[:, :, None] == segments[:, None, :])
+    key_slots = torch.arange(key_real.shape[1], device=key_real.device)  # [S]
+    allowed = build_attention_mask(
+        q_index=query_slots,
+        k_index=key_slots,
+        causal=pattern != "bidirectional",
+        window=window if pattern == "sliding_window" else None,
+        key_real=key_real.bool(),
+        q_segments=None if segments is None else segments[:, query_slots],
+        k_segments=segments,
+        batch=key_real.shape[0],
+    )  # [B, n, S]
     itself = query_slots[None, :, None] == key_slots[None, None, :]  # [1, n, S]: each query's own slot
     return allowed | itself
 
@@ -67,14 +74,3 @@ def row_matrix(
     slots = torch.arange(real.shape[1], device=real.device)  # [T]
     matrix = allowed_keys(real, slots, pattern=pattern, window=window, segments=segments)  # [B, T, T]
     return matrix[:, None] if layout == "matrix_heads" else matrix
-
-
-def segment_positions(segments: Tensor) -> Tensor:
-    """Positions that restart at 0 for each packed sequence of ``segments [B, T]`` (padding
-    continues the last sequence's count; its logits are never read)."""
-    length = segments.shape[1]
-    slots = torch.arange(length, device=segments.device).expand_as(segments)  # [B, T]
-    starts = torch.ones_like(segments, dtype=torch.bool)
-    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]  # [B, T]: where a sequence begins
-    first_slot = torch.where(starts, slots, torch.zeros_like(slots)).cummax(dim=1).values  # [B, T]
-    return slots - first_slot

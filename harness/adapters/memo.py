@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields
@@ -207,31 +207,37 @@ class MemoisedCalls:
         key = self._decoding_key(prompt, what)
         return key is not None and key in self.forward_memo
 
-    def recall_decoding(self, prompt: Any, what: tuple) -> Any:
-        key = self._decoding_key(prompt, what)
-        return None if key is None else self.forward_memo.get(key)
-
     def remember_decoding(self, prompt: Any, what: tuple, value: tuple[Tensor, ...]) -> None:
         key = self._decoding_key(prompt, what)
         if key is not None and memo_storing():
             self.forward_memo.put(key, value)
+
+    def fresh_decoding(self, prompt: Any, what: tuple, decode: Callable[[], tuple[Tensor, ...]]) -> Any:
+        """``decode()``, a fresh decode of ``prompt`` that ``what`` names, or what an identical
+        one gave earlier in this audit."""
+        key = self._decoding_key(prompt, what)
+        remembered = None if key is None else self.forward_memo.get(key)
+        if remembered is not None:
+            return remembered
+        value = decode()
+        self.remember_decoding(prompt, what, value)
+        return value
 
     def decoded(self, prompt: Any, steps: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """A fresh decode: :meth:`prefill` of ``prompt``, then each of ``steps`` (``[B, n]``
         tokens) fed in turn; the prompt's logits ``[B, P, V]`` and each step's ``[B, n, V]``.
         It starts from a new cache, so it is a function of its inputs alone and is remembered
         as a forward is: a call path replaying a cache check decodes once."""
-        what = ("steps", *(tensor_fingerprint(tokens) for tokens in steps))
-        remembered = self.recall_decoding(prompt, what)
-        if remembered is not None:
-            return remembered
-        logits, state = self.prefill(prompt)
-        pieces = [logits]
-        for tokens in steps:
-            step_logits, state = self.step(state, tokens)
-            pieces.append(step_logits)
-        self.remember_decoding(prompt, what, tuple(pieces))
-        return tuple(pieces)
+
+        def decode() -> tuple[Tensor, ...]:
+            logits, state = self.prefill(prompt)
+            pieces = [logits]
+            for tokens in steps:
+                step_logits, state = self.step(state, tokens)
+                pieces.append(step_logits)
+            return tuple(pieces)
+
+        return self.fresh_decoding(prompt, ("steps", *(tensor_fingerprint(tokens) for tokens in steps)), decode)
 
     def _call_settings(self) -> tuple:
         """What of this adapter shapes a call besides the batch and the path: its capabilities

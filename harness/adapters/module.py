@@ -78,7 +78,8 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor
 
-from .attention_matrix import SHAPES, row_matrix, segment_positions
+from ...reference_models.masks import positions_from_segments
+from .attention_matrix import SHAPES, buildable, row_matrix
 from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, ServingUnsupported, call_model
 
 MaskConvention = Literal["keep", "ignore"]
@@ -191,7 +192,6 @@ class ModuleAdapter(Adapter):
         self.mask_convention: MaskConvention | None = mask_convention
         #: the mask's shape: a padding mask [B, T], or an attention matrix (attention_matrix.py), measured
         self.mask_layout: MaskLayout = "padding"
-        self.mask_measured = False
         #: how the polarity was found, for the report: declared, measured, or by the name's convention
         self.mask_source = "declared"
         self._polarity_error: str | None = None  # why the measurement could not run (the model raised)
@@ -207,7 +207,6 @@ class ModuleAdapter(Adapter):
                 self.mask_source = "measured"
                 try:
                     self.mask_convention = self._measure_polarity()
-                    self.mask_measured = True
                 except AdapterError as exc:  # a model that raises is a verdict of the suites, not a crash here
                     self._polarity_error = f"the mask's polarity could not be measured: {exc}"
         self._check_declared_packing(keywords)
@@ -264,16 +263,6 @@ class ModuleAdapter(Adapter):
         generator = torch.Generator().manual_seed(0)
         return torch.randint(1, vocab, (rows, 6), generator=generator).to(self.capabilities.device)
 
-    def _measured_polarities(self, ids: Tensor) -> dict[str, bool]:
-        """For each polarity, whether a mask that pads nothing in it leaves the call without a
-        mask unchanged."""
-        assert self.mask_keyword is not None
-        with torch.inference_mode():
-            bare = self._call(ids, {})
-            keep = self._call(ids, {self.mask_keyword: torch.ones_like(ids, dtype=torch.bool)})
-            ignore = self._call(ids, {self.mask_keyword: torch.zeros_like(ids, dtype=torch.bool)})
-        return {name: _close(bare, out) for name, out in (("keep", keep), ("ignore", ignore))}
-
     def _measure_polarity(self) -> MaskConvention:
         """The polarity in which "nothing is padded" leaves the call without a mask unchanged."""
         where = f"the forward's {self.mask_keyword!r}"
@@ -282,7 +271,12 @@ class ModuleAdapter(Adapter):
                 f"{where} has no default, so its polarity cannot be measured against a call without it: declare "
                 "maskcheck_mask_convention = 'keep' (True = real token) or 'ignore' (True = padding)"
             )
-        same = self._measured_polarities(self._probe_ids())
+        ids = self._probe_ids()
+        with torch.inference_mode():
+            bare = self._call(ids, {})
+            keep = self._call(ids, {self.mask_keyword: torch.ones_like(ids, dtype=torch.bool)})
+            ignore = self._call(ids, {self.mask_keyword: torch.zeros_like(ids, dtype=torch.bool)})
+        same = {name: _close(bare, out) for name, out in (("keep", keep), ("ignore", ignore))}
         if same["keep"] != same["ignore"]:
             return "keep" if same["keep"] else "ignore"
         found = "both" if same["keep"] else "neither"
@@ -300,7 +294,7 @@ class ModuleAdapter(Adapter):
         assert self.mask_keyword is not None
         raised, findings = [], {}
         for layout in MASK_LAYOUTS:
-            if layout != "padding" and not self._matrix_buildable():
+            if layout != "padding" and not buildable(self.capabilities.attention, self.capabilities.window):
                 break
             self.mask_layout = layout
             try:
@@ -317,12 +311,6 @@ class ModuleAdapter(Adapter):
         self.mask_layout = "padding"
         return f"the forward's {self.mask_keyword}= raised for every mask shape tried: " + "; ".join(raised)
 
-    def _matrix_buildable(self) -> bool:
-        caps = self.capabilities
-        return caps.attention in ("causal", "bidirectional") or (
-            caps.attention == "sliding_window" and bool(caps.window)
-        )
-
     def _measure_layout(self, convention: MaskConvention) -> str | None:
         """:meth:`_measure_against` in one :attr:`mask_layout`; an AdapterError when the forward
         raises on it. Two measurements: a mask that pads nothing, in each polarity, against the
@@ -330,7 +318,7 @@ class ModuleAdapter(Adapter):
         half of each row, whose last position must then change (a causal or bidirectional
         model alike reads those tokens)."""
         assert self.mask_keyword is not None
-        meaning = MEANING[convention] if self.mask_layout == "padding" else MATRIX_MEANING[convention]
+        meaning, opposite = self._meanings[convention], self._meanings[_opposite(convention)]
         where = (
             f"the forward's {self.mask_keyword}= ({LAYOUT_NAMES[self.mask_layout]}; its name's convention: {meaning})"
         )
@@ -355,9 +343,6 @@ class ModuleAdapter(Adapter):
             )
         if same is None or same[convention] and not same[_opposite(convention)]:
             return None
-        opposite = (
-            MEANING[_opposite(convention)] if self.mask_layout == "padding" else MATRIX_MEANING[_opposite(convention)]
-        )
         if same[_opposite(convention)] and not same[convention]:
             return (
                 f"{where}: a mask that pads nothing leaves the call without a mask unchanged only as {opposite}: "
@@ -371,13 +356,17 @@ class ModuleAdapter(Adapter):
             f"{meaning} and {opposite}: the forward reads it as no mask of either polarity"
         )
 
+    @property
+    def _meanings(self) -> dict[str, str]:
+        """What each polarity means in the mask's :attr:`mask_layout`."""
+        return MEANING if self.mask_layout == "padding" else MATRIX_MEANING
+
     def describe(self) -> dict[str, Any]:
         described = super().describe()
         if self.mask_keyword is None:
             described["mask"] = f"none: the forward names none of {', '.join(MASK_KEYWORDS)} (name one: mask_keyword)"
         else:
-            meanings = MEANING if self.mask_layout == "padding" else MATRIX_MEANING
-            meaning = meanings.get(self.mask_convention or "", "polarity unknown")
+            meaning = self._meanings.get(self.mask_convention or "", "polarity unknown")
             shape = "" if self.mask_layout == "padding" else f"{LAYOUT_NAMES[self.mask_layout]}, "
             described["mask"] = f"{self.mask_keyword}= ({shape}{meaning}, {self.mask_source})"
         described["cache"] = self.cache_shape or "none"
@@ -430,7 +419,7 @@ class ModuleAdapter(Adapter):
                 keywords[self.mask_keyword] = self._mask_input(mask, packed if in_matrix else None)
         positions = batch.position_ids
         if positions is None and in_matrix and caps.takes_position_ids:  # as the model restarts them for segment_ids
-            positions = segment_positions(packed) + caps.position_offset
+            positions = positions_from_segments(packed) + caps.position_offset
         if positions is not None and (caps.takes_position_ids or caps.packing == "position_ids"):
             keywords[self.position_keyword] = positions
         if packed is not None and not in_matrix:

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .attention_matrix import allowed_keys
-from .base import Batch, Capabilities, ServingUnsupported, call_model
+from .base import Batch, Capabilities, ServingUnsupported, call_model, positions_from_mask
 from .module import ModuleAdapter, ModuleStateCache
 
 CACHE_METHODS = ("setup_caches", "caches_are_setup", "reset_caches")
@@ -170,7 +170,7 @@ class TorchtuneAdapter(ModuleAdapter):
         assert caps.attention is not None
         query_slots = torch.arange(start, start + n, device=tokens.device)  # [n]
         mask = allowed_keys(key_real, query_slots, pattern=caps.attention, window=caps.window)  # [B, n, S]
-        positions = (so_far.cumsum(-1) - 1).clamp(min=0)[:, start:] + caps.position_offset  # [B, n]
+        positions = positions_from_mask(so_far, offset=caps.position_offset)[:, start:]  # [B, n]
         logits = self._call(tokens, {"mask": self._mask(mask), self.position_keyword: positions})
         self._live = ModuleStateCache(torch.cat([state.tokens, tokens], dim=1), so_far)  # [B, start + n]
         return logits, self._live

@@ -72,12 +72,7 @@ class Greedy:
 def greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:
     """Greedy decoding with the cache: the chosen tokens ``[B, n]`` and the logits each was
     chosen from ``[B, n, V]``. A fresh decode, so remembered as forwards are (adapters/memo.py)."""
-    remembered = adapter.recall_decoding(batch, ("greedy", new_tokens))
-    if remembered is not None:
-        return remembered
-    decoded = _greedy(adapter, batch, new_tokens)
-    adapter.remember_decoding(batch, ("greedy", new_tokens), decoded)
-    return decoded
+    return adapter.fresh_decoding(batch, ("greedy", new_tokens), lambda: _greedy(adapter, batch, new_tokens))
 
 
 def _greedy(adapter: Adapter, batch: Batch, new_tokens: int) -> tuple[Tensor, Tensor]:

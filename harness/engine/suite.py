@@ -459,8 +459,8 @@ class CheckRun:
             drawn = [n for seen in self.cases.values() for n in getattr(seen, name, ()) or ()]
             shortest = min(drawn, default=min(lengths))
             for row, length in enumerate(lengths):
-                for shorter in range(shortest, length):
-                    candidate = replace(failure.case, **{name: lengths[:row] + (shorter,) + lengths[row + 1 :]})
+                for tried in range(shortest, length):
+                    candidate = replace(failure.case, **{name: lengths[:row] + (tried,) + lengths[row + 1 :]})
                     try:
                         self.evaluate_all([candidate])
                     except CaseFailed as smaller:
