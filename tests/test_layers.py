@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("maskcheck.harness.engine",),
     ("maskcheck.harness.report",),
     ("maskcheck.suites",),
-    ("maskcheck.harness.audits",),
+    ("maskcheck.harness.audits", "maskcheck.harness.compare"),
     ("maskcheck.harness.cli", "maskcheck.harness.plugin"),
     ("maskcheck.harness",),  # the package itself, and the shims at the module paths 0.2.0 bundles import
     ("maskcheck",),  # the public API (it loads the rest lazily, by name)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .quiet import quiet_transformers
+
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
 
 
@@ -225,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_canary(sub)
 
+    from .compare import add_parser as add_compare
+
+    add_compare(sub)
+
     picture = sub.add_parser(
         "effective-mask",
         help="draw which input positions influence which outputs",
@@ -257,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_probe(args)
         if args.command == "profile":
             return cmd_profile(args)
+        if args.command == "compare":
+            from .compare import cmd_compare
+
+            return cmd_compare(args)
         if args.command == "canary":
             from .canary import cmd_canary
 
@@ -310,19 +320,6 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return result
 
 
-def _quiet_transformers() -> None:
-    """transformers' load-time progress bars and config warnings drown the verdict table.
-    Both are read from the environment when transformers is imported, so an audit that never
-    imports it (a reference model's) does not pay its import (1.4 s) to quiet it."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
-    if "transformers" in sys.modules:  # imported already: it read the environment then
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     from ..adapters.specs import LoadOptions, SpecError
     from ..audits.config import ConfigError, load_config
@@ -331,7 +328,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from ..report.render import keep_out_of_git, render_markdown, render_table, write_atomically, write_json
 
     if not args.verbose:
-        _quiet_transformers()
+        quiet_transformers()
     try:
         config = load_config()
     except ConfigError as exc:
@@ -503,7 +500,7 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    _quiet_transformers()
+    quiet_transformers()
     try:
         adapter = load_adapter(args.spec, LoadOptions(device=args.device))
     except SpecError as exc:
@@ -523,7 +520,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ..engine.registry import load_probe
     from ..engine.suite import ProbeError
 
-    _quiet_transformers()
+    quiet_transformers()
     try:
         adapter = load_adapter(
             args.spec, LoadOptions(device=args.device, dtype=args.dtype, overrides=_overrides(args.override))
@@ -623,7 +620,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from ..audits.costs import draw, profile, render
     from ..report.render import write_json
 
-    _quiet_transformers()
+    quiet_transformers()
     try:
         adapter = load_adapter(args.spec, LoadOptions(device=args.device, dtype=args.dtype, device_map=args.device_map))
         lengths = [int(x) for x in _split(args.lengths)] if args.lengths else None
@@ -646,7 +643,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..adapters.specs import SpecError
     from ..report.reproduction import BundleError, replay
 
-    _quiet_transformers()
+    quiet_transformers()
     if _is_collator_bundle(args.bundle):
         return _replay_collator(args.bundle)
     try:

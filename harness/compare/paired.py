@@ -1,0 +1,321 @@
+"""Adapter A's protocol with every model call made on adapter B too, on the same inputs.
+
+The suites build their cases and drive A as they always do; each logits call, prefill,
+decode step and serving operation is made on B with the same batch, tokens and operation,
+and B's log-probabilities are compared with A's at the positions the suites protect: real
+tokens (``attention_mask`` 1 = real token), never padded slots, whose outputs are a
+convention two implementations may choose differently. What the suite then judges is A's
+output, so A's own verdict is not compare's concern; compare's verdict on a case is
+whether B ever parted from A during it (:class:`Recorder`).
+
+A decoding state is a pair of the two models' states with the operations that made it
+(:class:`PairedState`), so a step that parts can be replayed from a fresh prompt with hooks
+on the last operation only (``layers.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..adapters.base import Adapter, Batch
+from ..adapters.memo import forward_memo
+from ..engine.suite import Outcome
+from ..engine.tolerance import EPS, Tolerance, compare_logits
+
+#: one operation on a decoding state: (name, arguments), replayable on either adapter
+Operation = tuple[str, tuple]
+
+
+@dataclass
+class PairedState:
+    a: Any
+    b: Any
+    history: list[Operation]
+
+
+@dataclass
+class Parting:
+    """One call at which B's log-probabilities left A's by more than the threshold."""
+
+    what: str  # the call, in words
+    max_diff: float
+    floor: float
+    threshold: float
+    positions: list[list[int]]  # [row, position] where it differs (positions of the call's own tokens)
+    # makes the call again on one adapter; ``arm()`` is called just before it (to put hooks on)
+    replay: Callable[..., Tensor]
+    where: Tensor  # [B, T] the compared positions of the call
+    offset: int = 0  # the call's first position in its sequence
+
+    @property
+    def ratio(self) -> float:
+        return self.max_diff / self.threshold if self.threshold > 0 else float("inf")
+
+
+@dataclass
+class Recorder:
+    """What B did against A during the case being evaluated."""
+
+    tolerance: Tolerance
+    dtype: str
+    calls: int = 0
+    worst_ratio: float = 0.0
+    # over every case of the check being run (:meth:`start_check`)
+    check_calls: int = 0
+    check_worst: float = 0.0
+    partings: list[Parting] = field(default_factory=list)
+    b_errors: list[str] = field(default_factory=list)
+
+    def start_check(self) -> None:
+        self.check_calls, self.check_worst = 0, 0.0
+
+    def start(self) -> None:
+        self.calls, self.worst_ratio, self.partings, self.b_errors = 0, 0.0, [], []
+
+    def outcome(self) -> Outcome:
+        if self.b_errors:
+            return Outcome("fail", float("inf"), message=f"B raised where A ran: {self.b_errors[0]}")
+        if not self.partings:
+            return Outcome(
+                "pass", message=f"{self.calls} call(s) compared, worst at {self.worst_ratio:.2f} of its threshold"
+            )
+        first = self.partings[0]
+        return Outcome(
+            "fail",
+            first.max_diff,
+            first.floor,
+            first.threshold,
+            first.positions[:8],
+            message=(
+                f"B parts from A in {first.what}: max |d log p| = {first.max_diff:.3g} "
+                f"> threshold {first.threshold:.3g} "
+                f"(floor {first.floor:.3g}; {len(self.partings)} of {self.calls} call(s) part)"
+            ),
+        )
+
+
+def real_positions(batch: Batch) -> Tensor:
+    """``[B, T]`` True at the predicted side's real tokens."""
+    mask = batch.predicted_mask
+    return torch.ones(batch.predicted_ids.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
+
+
+class PairedAdapter:
+    """A's adapter, every model call made on B as well (see the module's docstring).
+
+    What it does not intercept (capabilities, losses, gradients, ``generate()``, the
+    suites' attention hooks) is A's alone: compare judges the outputs both compute."""
+
+    def __init__(self, a: Adapter, b: Adapter, recorder: Recorder) -> None:
+        self.a, self.b, self.recorder = a, b, recorder
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("a", "b", "recorder"):  # not set yet (a copy being made): not A's
+            raise AttributeError(name)
+        return getattr(self.a, name)
+
+    # -- variants of the adapter, paired -------------------------------------------------
+
+    def packing_settings(self) -> list[tuple[Any, "PairedAdapter"]]:
+        """A's packing settings, each paired with B's of the same inputs; a setting B lacks is A's alone."""
+        theirs = {setting.inputs: adapter for setting, adapter in self.b.packing_settings()}
+        return [
+            (setting, PairedAdapter(adapter, theirs[setting.inputs], self.recorder))
+            for setting, adapter in self.a.packing_settings()
+            if setting.inputs in theirs
+        ]
+
+    def with_cache_implementation(self, name: str) -> "PairedAdapter":
+        return PairedAdapter(
+            self.a.with_cache_implementation(name), self.b.with_cache_implementation(name), self.recorder
+        )
+
+    # -- calls compared ------------------------------------------------------------------
+
+    def _judge(
+        self, what: str, a_logits: Tensor, b_logits: Tensor, where: Tensor, replay: Callable, offset: int = 0
+    ) -> None:
+        """Compare one call's outputs; a call over its threshold at floor 0 is judged again at
+        the floor A's own repeat of it measures (the suites' way: every threshold grows with it)."""
+        self.recorder.calls += 1
+        self.recorder.check_calls += 1
+        comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where)
+        threshold = self.recorder.tolerance.shape_change(0.0, self.recorder.dtype, comparison.scale)
+        floor = 0.0
+        if comparison.max_diff > threshold:
+            with forward_memo(False):
+                again = replay(self.a)
+            floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where).max_diff
+            threshold = self.recorder.tolerance.shape_change(floor, self.recorder.dtype, comparison.scale)
+        ratio = (
+            comparison.max_diff / threshold if threshold > 0 else (0.0 if comparison.max_diff == 0 else float("inf"))
+        )
+        self.recorder.worst_ratio = max(self.recorder.worst_ratio, ratio)
+        self.recorder.check_worst = max(self.recorder.check_worst, ratio)
+        if comparison.max_diff > threshold:
+            positions = [[b, t + offset] for b, t in comparison.positions_over(threshold)]
+            self.recorder.partings.append(
+                Parting(what, comparison.max_diff, floor, threshold, positions, replay, where, offset)
+            )
+
+    def _on_b(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - B failing where A ran is the finding
+            self.recorder.b_errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            raise
+
+    def logits(self, batch: Batch, keep: int | None = None) -> Tensor:
+        a_logits = self.a.logits(batch, keep)
+        b_logits = self._on_b(lambda: self.b.logits(batch, keep))
+        where = real_positions(batch)
+        count = a_logits.shape[1]
+        where = where[:, where.shape[1] - count :]
+        shape = "x".join(map(str, batch.predicted_ids.shape))
+        self._judge(
+            f"a forward of a {shape} batch{' (last %d positions)' % count if keep else ''}",
+            a_logits,
+            b_logits,
+            where,
+            lambda adapter, arm=None: armed(arm, lambda: adapter.logits(batch, keep)),
+            offset=batch.predicted_ids.shape[1] - count,
+        )
+        return a_logits
+
+    def prefill(self, batch: Batch, rollback: bool = False) -> tuple[Tensor, PairedState]:
+        a_logits, a_state = self.a.prefill(batch, rollback=rollback)
+        b_logits, b_state = self._on_b(lambda: self.b.prefill(batch, rollback=rollback))
+        history: list[Operation] = [("prefill", (batch, rollback))]
+        self._judge_op(history, a_logits, b_logits, real_positions(batch))
+        return a_logits, PairedState(a_state, b_state, history)
+
+    def step(
+        self, state: PairedState, tokens: Tensor, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, PairedState]:
+        a_logits, a_state = self.a.step(state.a, tokens, attention_mask)
+        b_logits, b_state = self._on_b(lambda: self.b.step(state.b, tokens, attention_mask))
+        history = [*state.history, ("step", (tokens, attention_mask))]
+        where = torch.ones(tokens.shape, dtype=torch.bool) if attention_mask is None else attention_mask.bool().cpu()
+        self._judge_op(history, a_logits, b_logits, where)
+        return a_logits, PairedState(a_state, b_state, history)
+
+    def reuse(self, state: PairedState, batch: Batch) -> tuple[Tensor, PairedState]:
+        a_logits, a_state = self.a.reuse(state.a, batch)
+        b_logits, b_state = self._on_b(lambda: self.b.reuse(state.b, batch))
+        history = [*state.history, ("reuse", (batch,))]
+        self._judge_op(history, a_logits, b_logits, real_positions(batch))
+        return a_logits, PairedState(a_state, b_state, history)
+
+    def _judge_op(self, history: list[Operation], a_logits: Tensor, b_logits: Tensor, where: Tensor) -> None:
+        steps = sum(name == "step" for name, _ in history)
+        last = history[-1][0]
+        what = (
+            f"cached decoding, step {steps} ({describe(history)})"
+            if last == "step"
+            else f"the {last} of a {'x'.join(map(str, a_logits.shape[:2]))} prompt ({describe(history)})"
+        )
+        self._judge(what, a_logits, b_logits, where, lambda adapter, arm=None: replay(adapter, history, arm))
+
+    # -- operations on the state, made on both -------------------------------------------
+
+    def rollback(self, state: PairedState, tokens: int) -> PairedState:
+        return self._operated(state, "rollback", tokens)
+
+    def rearrange(self, state: PairedState, operation: str, index: Tensor) -> PairedState:
+        return self._operated(state, "rearrange", operation, index)
+
+    def share(self, state: PairedState) -> PairedState:
+        return PairedState(self.a.share(state.a), self._on_b(lambda: self.b.share(state.b)), list(state.history))
+
+    def fork(self, state: PairedState) -> PairedState:
+        return PairedState(self.a.fork(state.a), self.b.fork(state.b), list(state.history))
+
+    def _operated(self, state: PairedState, name: str, *arguments: Any) -> PairedState:
+        a_state = getattr(self.a, name)(state.a, *arguments)
+        b_state = self._on_b(lambda: getattr(self.b, name)(state.b, *arguments))
+        return PairedState(a_state, b_state, [*state.history, (name, arguments)])
+
+    # -- decodes: made step by step here, so each step is compared -----------------------
+
+    def decoded(self, prompt: Batch, steps: list[Tensor]) -> tuple[Tensor, ...]:
+        logits, state = self.prefill(prompt)
+        pieces = [logits]
+        for tokens in steps:
+            step_logits, state = self.step(state, tokens)
+            pieces.append(step_logits)
+        return tuple(pieces)
+
+    def fresh_decoding(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
+        return decode()
+
+    def remembers(self, batch: Any, keep: int | None = None) -> bool:
+        return False
+
+    def remembers_decoding(self, prompt: Any, what: tuple) -> bool:
+        return False
+
+    def remember(self, batch: Any, keep: int | None, logits: Tensor) -> None:
+        pass
+
+    def remember_decoding(self, prompt: Any, what: tuple, value: Any) -> None:
+        pass
+
+    def release_state(self) -> None:
+        self.a.release_state()
+        self.b.release_state()
+
+
+def replay(adapter: Adapter, history: list[Operation], before_last: Callable[[], Any] | None = None) -> Tensor:
+    """Make a decoding state's operations again on ``adapter`` from a fresh prompt: the logits
+    of its last operation. ``before_last()`` is called just before that operation (to put hooks on)."""
+    state: Any = None
+    logits: Tensor | None = None
+    for i, (name, arguments) in enumerate(history):
+        if before_last is not None and i == len(history) - 1:
+            before_last()
+        if name == "prefill":
+            batch, rollback = arguments
+            logits, state = adapter.prefill(batch, rollback=rollback)
+        elif name == "step":
+            logits, state = adapter.step(state, *arguments)
+        elif name == "reuse":
+            logits, state = adapter.reuse(state, *arguments)
+        else:
+            state = getattr(adapter, name)(state, *arguments)
+    assert logits is not None
+    return logits
+
+
+def armed(arm: Callable[[], Any] | None, call: Callable[[], Tensor]) -> Tensor:
+    if arm is not None:
+        arm()
+    return call()
+
+
+def describe(history: list[Operation]) -> str:
+    words = []
+    for name, arguments in history:
+        if name == "prefill":
+            words.append(f"prefill {'x'.join(map(str, arguments[0].predicted_ids.shape))}")
+        elif name == "step":
+            words.append(f"+{arguments[0].shape[1]}")
+        elif name == "rearrange":
+            words.append(f"{arguments[0]} {arguments[1].tolist()}")
+        elif name == "rollback":
+            words.append(f"rollback {arguments[0]}")
+        else:
+            words.append(name)
+    return ", ".join(words)
+
+
+def relative_tolerance(tolerance: Tolerance, dtype: str) -> float:
+    """The largest difference, relative to a tensor's magnitude, that rounding alone makes in
+    one computation done two ways: the shape-change rule's term per unit of scale."""
+    return tolerance.shape_change_ulps * EPS[dtype]
+
+
+__all__ = ["PairedAdapter", "PairedState", "Parting", "Recorder", "real_positions", "relative_tolerance", "replay"]

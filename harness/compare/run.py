@@ -1,0 +1,258 @@
+"""``maskcheck compare``: two implementations of one model, check by check.
+
+Each suite's checks are built on a :class:`PairedAdapter` of A and B and run as an audit
+runs them (the same seeds, the same Hypothesis draws and shrinking), except that a case's
+verdict is compare's: did B part from A in any call the case made? A failing check is
+shrunk to its smallest case, which is replayed once with hooks on both models to name the
+first module at which they part (``layers.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..adapters.memo import forward_memo
+from ..adapters.specs import adapter_for, load_adapter
+from ..engine.batching import run_alone
+from ..engine.profiles import check_profile, examples_of
+from ..engine.registry import load_suite
+from ..engine.suite import Check, CheckResult, RunContext, case_to_dict, run_check
+from ..engine.tolerance import measure_reference_error, tolerance_for
+from .layers import FirstDifference, first_difference, module_outputs
+from .paired import PairedAdapter, Recorder, relative_tolerance
+from .weights import KeyMapping, load_weights
+
+#: the suites compare runs by default: those whose checks compare model outputs on inputs
+#: the suites build (norm_checkpoint compares layouts of one checkpoint, collator no model)
+DEFAULT_SUITES = ("causal", "padding", "cross_attention", "loss_masking", "packing", "kv_cache", "serving")
+#: capabilities that, where A and B differ, mean the suites ask each of them other things
+CONVENTIONS = ("family", "vocab_size", "takes_attention_mask", "has_cache", "position_offset", "window", "max_length")
+
+
+class CompareError(ValueError):
+    """The two models cannot be compared (their vocabularies or families differ)."""
+
+
+@dataclass
+class CheckComparison:
+    name: str
+    status: str  # pass, fail, not_applicable, error, not_run
+    message: str
+    case: dict[str, Any] | None = None
+    first_difference: FirstDifference | None = None
+    cases: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "first_difference"}
+        out["first_difference"] = None if self.first_difference is None else dataclasses.asdict(self.first_difference)
+        return out
+
+
+@dataclass
+class SuiteComparison:
+    name: str
+    checks: list[CheckComparison] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        statuses = {c.status for c in self.checks}
+        for status in ("error", "fail", "pass", "not_run"):
+            if status in statuses:
+                return status
+        return "not_applicable"
+
+
+@dataclass
+class CompareResult:
+    a: str
+    b: str
+    suites: list[SuiteComparison]
+    conventions: list[str]  # the capabilities in which A and B differ, said as such
+    weights: dict[str, Any] | None
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        statuses = {s.status for s in self.suites}
+        for status in ("error", "fail", "pass", "not_run"):
+            if status in statuses:
+                return status
+        return "not_applicable"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.status in ("fail", "error") else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "status": self.status,
+            "conventions": self.conventions,
+            "weights": self.weights,
+            "seconds": round(self.seconds, 2),
+            "suites": [
+                {"name": s.name, "status": s.status, "checks": [c.to_dict() for c in s.checks]} for s in self.suites
+            ],
+        }
+
+
+def compare(
+    a: Any,
+    b: Any,
+    suites: Sequence[str] | None = None,
+    *,
+    profile: str = "ci",
+    seed: int = 0,
+    examples: int | None = None,
+    module_map: Mapping[str, str] | None = None,
+    weights: bool | KeyMapping = False,
+    options: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompareResult:
+    """Compare A and B (spec strings, models or adapters) on ``suites``' cases (default:
+    :data:`DEFAULT_SUITES`). ``weights``: load A's weights into B first, under this key
+    mapping (True: the same names). ``module_map``: A's module names to B's, for
+    implementations whose module trees differ (by order and shape otherwise)."""
+    started = time.perf_counter()
+    first = load_adapter(a, options) if isinstance(a, str) else adapter_for(a)
+    second = load_adapter(b, options) if isinstance(b, str) else adapter_for(b)
+    loaded = None
+    if weights is not False:
+        loaded = load_weights(first.model, second.model, None if weights is True else weights)
+    conventions = differing_conventions(first, second)
+    check_profile(profile)
+    caps = first.capabilities
+    tolerance = tolerance_for(caps.device, caps.dtype)
+    errors = [e for e in (measure_reference_error(first), measure_reference_error(second)) if e is not None]
+    if errors:
+        tolerance = replace(tolerance, reference_error=max(errors))
+    context = RunContext(
+        tolerance=tolerance,
+        dtype=caps.dtype,
+        seed=seed,
+        examples=examples if examples is not None else examples_of(profile),
+        profile=profile,
+        paths=(),
+        batch_cases=False,
+    )
+    recorder = Recorder(tolerance, caps.dtype)
+    paired = PairedAdapter(first, second, recorder)
+    names = list(suites) if suites else list(DEFAULT_SUITES)
+    loaded_suites = [(name, load_suite(name)) for name in names]
+    results = []
+    for name, suite in loaded_suites:
+        if progress is not None:
+            progress(name)
+        try:
+            results.append(compare_suite(name, suite, paired, context, module_map))
+        finally:
+            paired.release_state()
+    return CompareResult(first.spec, second.spec, results, conventions, loaded, time.perf_counter() - started)
+
+
+def differing_conventions(a: Any, b: Any) -> list[str]:
+    """The capabilities in which A and B differ; a family or vocabulary that differs makes
+    them two models, not two implementations of one (:class:`CompareError`)."""
+    said = []
+    for name in CONVENTIONS:
+        x, y = getattr(a.capabilities, name, None), getattr(b.capabilities, name, None)
+        if x != y:
+            if name in ("family", "vocab_size"):
+                raise CompareError(f"A and B are not one model: A's {name} is {x!r}, B's {y!r}")
+            said.append(f"{name}: A {x!r}, B {y!r}")
+    return said
+
+
+def compare_suite(
+    name: str, suite: Any, paired: PairedAdapter, context: RunContext, module_map: Any
+) -> SuiteComparison:
+    result = SuiteComparison(name)
+    reason = suite.not_applicable(paired.capabilities)
+    if reason:
+        result.checks.append(CheckComparison("applicable", "not_applicable", reason))
+        return result
+    try:
+        checks = suite.checks(paired, context)
+    except Exception as exc:  # noqa: BLE001 - one suite that cannot plan its checks stops no other
+        result.checks.append(CheckComparison("setup", "error", f"{type(exc).__name__}: {exc}"))
+        return result
+    for check in checks:
+        if isinstance(check, CheckResult):
+            result.checks.append(CheckComparison(check.name, check.status, check.message))
+            continue
+        result.checks.append(compare_check(check, paired, context, module_map))
+    return result
+
+
+def compared(check: Check, paired: PairedAdapter) -> Check:
+    """``check`` whose verdict on a case is whether B parted from A during it."""
+    recorder = paired.recorder
+
+    def evaluate(case: Any) -> Any:
+        recorder.start()
+        try:
+            run_alone(check.evaluate(case))
+        except Exception:
+            if recorder.b_errors:
+                return recorder.outcome()
+            raise
+        return recorder.outcome()
+
+    return replace(check, evaluate=evaluate, batchable=False, replays=None)
+
+
+def compare_check(check: Check, paired: PairedAdapter, context: RunContext, module_map: Any) -> CheckComparison:
+    recorder = paired.recorder
+    recorder.start_check()
+    try:
+        checked, cases, failure = run_check(compared(check, paired), context)
+    except Exception as exc:  # noqa: BLE001 - one check's error stops no other
+        return CheckComparison(check.name, "error", f"{type(exc).__name__}: {exc}")
+    if failure is None and checked.status == "pass":
+        if not recorder.check_calls:
+            return CheckComparison(
+                check.name,
+                "not_run",
+                "its cases make no call compare judges (its gradients, losses or hooks are A's alone)",
+                cases=cases,
+            )
+        return CheckComparison(
+            check.name,
+            "pass",
+            f"{cases} case(s), {recorder.check_calls} call(s) compared; the closest at "
+            f"{recorder.check_worst:.2f} of its threshold",
+            cases=cases,
+        )
+    if failure is None:
+        return CheckComparison(check.name, checked.status, checked.message, cases=cases)
+    located = locate(check, paired, failure.case, context, module_map)
+    message = checked.message
+    if located is not None:
+        message += f"; {located.describe()}"
+    return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases)
+
+
+def locate(
+    check: Check, paired: PairedAdapter, case: Any, context: RunContext, module_map: Any
+) -> FirstDifference | None:
+    """The first module at which A and B part on the first call of ``case`` where they part."""
+    recorder = paired.recorder
+    with forward_memo(False):
+        recorder.start()
+        try:
+            run_alone(check.evaluate(case))
+        except Exception:  # noqa: BLE001 - the verdict stands; only the localisation is lost
+            return None
+        if not recorder.partings:
+            return None
+        parting = recorder.partings[0]
+        records = []
+        for adapter in (paired.a, paired.b):
+            records.append(module_outputs(adapter.model, lambda arm, adapter=adapter: parting.replay(adapter, arm)))
+    rows = int(parting.where.shape[0])
+    return first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)

@@ -1,0 +1,153 @@
+"""maskcheck compare: clean pairs agree on every check compared, seeded divergences are found
+where they were put (the first differing module), and the weights loader accounts for every tensor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from maskcheck.harness.cli import main as cli_main
+from maskcheck.harness.compare.layers import Record, first_difference
+from maskcheck.harness.compare.run import CompareError, compare
+from maskcheck.harness.compare.weights import WeightsMismatch, load_weights
+from maskcheck.reference_models import mutants
+from maskcheck.reference_models.hf_tiny import tiny_model
+from maskcheck.reference_models.ports import ported, saved_and_loaded
+
+SUITES = ["causal", "padding", "packing", "kv_cache", "serving"]
+
+
+def checks(result):
+    return {(s.name, c.name): c for s in result.suites for c in s.checks}
+
+
+def assert_agree(result):
+    compared = [c for c in checks(result).values() if c.status in ("pass", "fail", "error")]
+    assert compared, "no check compared anything"
+    failing = [f"{c.name}: {c.status} {c.message}" for c in compared if c.status != "pass"]
+    assert not failing, failing
+    assert result.exit_code == 0
+
+
+def test_eager_and_sdpa_of_one_llama_agree():
+    result = compare(tiny_model("llama", "eager"), tiny_model("llama", "sdpa"), SUITES, profile="dev")
+    assert_agree(result)
+    found = checks(result)
+    assert found[("kv_cache", "incremental")].status == "pass"
+    assert found[("serving", "beam_reorder")].status == "pass"
+    # gradients are A's alone: said, not passed
+    assert found[("causal", "future_gradients")].status == "not_run"
+
+
+def test_eager_and_sdpa_of_one_sliding_window_mistral_agree():
+    result = compare(
+        tiny_model("mistral", "eager"), tiny_model("mistral", "sdpa"), ["causal", "serving"], profile="dev"
+    )
+    assert_agree(result)
+    assert checks(result)[("serving", "window_eviction")].status == "pass"
+
+
+def test_a_model_saved_and_loaded_again_agrees_with_itself(tmp_path):
+    model = tiny_model("llama", "eager")
+    assert_agree(
+        compare(model, saved_and_loaded(model, str(tmp_path / "saved")), ["causal", "kv_cache"], profile="dev")
+    )
+
+
+@pytest.mark.parametrize(
+    ("divergence", "module", "length"),
+    [
+        (
+            "gqa_repeat_not_interleave",
+            "model.layers.0.self_attn.o_proj",
+            2,
+        ),  # the first output after the attention core
+        ("rms_norm_eps_outside_sqrt", "model.layers.0.input_layernorm", 2),
+        (
+            "sliding_window_dropped",
+            "model.layers.0.self_attn.o_proj",
+            5,
+        ),  # window 4: the fifth position reaches past it
+    ],
+)
+def test_a_seeded_divergence_is_found_at_its_module(divergence, module, length):
+    a, b = ported(divergence)
+    result = compare(a, b, ["causal", "kv_cache"], profile="dev")
+    assert result.exit_code == 1
+    failed = checks(result)[("causal", "future_tokens")]
+    assert failed.status == "fail"
+    assert failed.first_difference is not None and failed.first_difference.a_name == module, failed.message
+    assert failed.case is not None and failed.case["length"] == length  # shrunk to the smallest case
+    assert module in failed.message
+    if divergence == "sliding_window_dropped":
+        assert {t for _, t in failed.first_difference.positions} == {4}
+
+
+def test_a_cache_that_decodes_one_position_off_parts_only_in_cached_decoding():
+    name = "module_state_cache_position_off_by_one"
+    a, b = mutants.build_clean(name), mutants.build(name)
+    b.load_state_dict(a.state_dict())
+    found = checks(compare(a, b, ["causal", "kv_cache"], profile="dev"))
+    assert found[("causal", "future_tokens")].status == "pass"  # full forwards agree
+    incremental = found[("kv_cache", "incremental")]
+    assert incremental.status == "fail"
+    assert "cached decoding, step 1" in incremental.message
+    assert incremental.first_difference is not None and incremental.first_difference.a_name == "position"
+
+
+def test_weights_are_loaded_under_a_mapping_with_every_tensor_placed():
+    a, b = tiny_model("llama", "eager", seed=0), tiny_model("llama", "eager", seed=1)
+    assert compare(a, b, ["causal"], profile="dev").exit_code == 1  # other weights: they part
+    result = compare(a, b, ["causal"], profile="dev", weights=lambda name: name)
+    assert result.exit_code == 0
+    assert result.weights["read"] == len(a.state_dict()) and result.weights["loaded"] == len(a.state_dict())
+
+
+def test_a_mapping_that_leaves_a_parameter_unloaded_is_refused_naming_it():
+    a, b = tiny_model("llama", "eager", seed=0), tiny_model("llama", "eager", seed=1)
+    dropped = "model.norm.weight"
+    with pytest.raises(WeightsMismatch, match=r"1 parameters of B that no tensor of A loads: model\.norm\.weight"):
+        load_weights(a, b, {dropped: None})
+    with pytest.raises(WeightsMismatch, match="no parameter of that name in B"):
+        load_weights(a, b, {dropped: "model.nowhere.weight"})
+
+
+def test_two_different_models_are_refused():
+    with pytest.raises(CompareError, match="not one model"):
+        compare(tiny_model("llama"), tiny_model("t5"), ["causal"], profile="dev")
+
+
+def test_modules_are_matched_by_order_and_shape_when_names_differ_or_by_a_map():
+    same, other = torch.zeros(1, 2, 4), torch.ones(1, 2, 4)
+    a = [Record("embed", same), Record("layers.0.norm", same), Record("layers.0.mlp", other)]
+    b = [Record("tok", same), Record("extra", torch.zeros(3)), Record("blocks.0.ln", same), Record("blocks.0.ff", same)]
+    found = first_difference(a, b, 1e-6, rows=1)
+    assert found is not None and (found.a_name, found.b_name, found.matching) == (
+        "layers.0.mlp",
+        "blocks.0.ff",
+        "order",
+    )
+    assert found.positions == [[0, 0], [0, 1]]
+    mapped = first_difference(a, b, 1e-6, rows=1, mapping={"layers.0.mlp": "tok"})
+    assert mapped is not None and mapped.matching == "mapping" and mapped.b_name == "tok"
+    assert first_difference(a[:2], b, 1e-6, rows=1) is None
+
+
+def test_the_cli_compares_two_specs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    code = cli_main(
+        ["compare", "ref:tiny-decoder", "ref:tiny-decoder", "--suites", "causal,kv_cache", "--profile", "dev",
+         "--json", str(out)]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "kv_cache         PASS" in text
+    assert json.loads(out.read_text())["status"] == "pass"
+
+
+def test_the_cli_says_a_bad_spec_in_one_line(capsys):
+    assert cli_main(["compare", "ref:tiny-decoder", "mutant:no-such-bug", "--suites", "causal"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("maskcheck: error:")
