@@ -44,6 +44,11 @@ _EXPORTS = {
     "assert_no_leak": "harness.audits.canary_api",
     "CanaryFired": "harness.audits.canary_api",
     "CanarySettings": "harness.audits.canary",
+    "compare": "harness.compare.run",
+    "CompareResult": "harness.compare.run",
+    "CompareError": "harness.compare.run",
+    "load_weights": "harness.compare.weights",
+    "WeightsMismatch": "harness.compare.weights",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -127,3 +127,23 @@ def saved_and_loaded(model: Any, directory: str) -> Any:
 
     model.save_pretrained(directory)
     return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+
+
+def llama() -> Any:
+    """The tiny Llama the ports start from (a factory for ``module:`` specs)."""
+    return tiny_model("llama", "eager")
+
+
+def gqa_repeat_llama() -> Any:
+    """Its port that repeats key/value heads with ``repeat`` (a factory for ``module:`` specs)."""
+    return ported("gqa_repeat_not_interleave")[1]
+
+
+def mistral() -> Any:
+    """The tiny Mistral, window 4 (a factory for ``module:`` specs)."""
+    return tiny_model("mistral", "eager")
+
+
+def windowless_mistral() -> Any:
+    """Its port that drops the sliding window (a factory for ``module:`` specs)."""
+    return ported("sliding_window_dropped")[1]

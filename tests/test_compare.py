@@ -16,6 +16,7 @@ from maskcheck.reference_models import mutants
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.ports import ported, saved_and_loaded
 
+PORTS = "maskcheck.reference_models.ports"
 SUITES = ["causal", "padding", "packing", "kv_cache", "serving"]
 
 
@@ -145,6 +146,22 @@ def test_the_cli_compares_two_specs_and_writes_json(tmp_path, capsys):
     assert code == 0, text
     assert "kv_cache         PASS" in text
     assert json.loads(out.read_text())["status"] == "pass"
+
+
+def test_the_cli_draws_where_a_port_parts(tmp_path, capsys):
+    code = cli_main(
+        ["compare", f"module:{PORTS}:llama", f"module:{PORTS}:gqa_repeat_llama",
+         "--suites", "causal", "--profile", "dev", "--picture", str(tmp_path / "parting.png")]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 1, text
+    assert "first differing module: model.layers.0.self_attn.o_proj" in text
+    assert (tmp_path / "parting.png").stat().st_size > 1000
+
+
+def test_a_comparison_that_compared_nothing_is_not_green():
+    result = compare(tiny_model("llama"), tiny_model("llama", "sdpa"), ["cross_attention"], profile="dev")
+    assert result.status == "not_applicable" and result.exit_code == 2
 
 
 def test_the_cli_says_a_bad_spec_in_one_line(capsys):

@@ -18,7 +18,8 @@ def add_parser(sub: Any) -> None:
         "tolerance model's threshold. A check where they part is shrunk to its smallest case and replayed with "
         "hooks on both models: the report names the first module whose output differs.",
         epilog="Exit codes: 0 the two agree on every check compared; 1 they part (or a check errored); 2 usage "
-        "or loading error. Example: maskcheck compare hf:./llama hf:./llama --attn-implementation eager,sdpa",
+        "or loading error, or no check compared anything. "
+        "Example: maskcheck compare hf:./llama hf:./llama --attn-implementation eager,sdpa",
     )
     compare.add_argument(
         "spec_a", help="model A (the reference): ref:PRESET, mutant:NAME, hf:DIR or module:pkg.mod:factory"
@@ -29,7 +30,7 @@ def add_parser(sub: Any) -> None:
         help="comma-separated suites (default: causal, padding, cross_attention, "
         "loss_masking, packing, kv_cache, serving)",
     )
-    compare.add_argument("--profile", default="ci", help="dev, ci (default) or thorough")
+    compare.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"], help="case counts (default: ci)")
     compare.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
     compare.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
     compare.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
@@ -50,6 +51,10 @@ def add_parser(sub: Any) -> None:
         "(null drops a tensor); every tensor must be placed and every parameter of B loaded",
     )
     compare.add_argument("--json", dest="json_path", help="write the comparison as JSON here")
+    compare.add_argument(
+        "--picture",
+        help="PNG path: where A and B part, per module and position, on the first failing check's smallest case",
+    )
 
 
 def _json_option(value: str | None, what: str) -> Any:
@@ -63,6 +68,18 @@ def _json_option(value: str | None, what: str) -> Any:
     if not isinstance(parsed, dict):
         raise ValueError(f"{what} must be a JSON object of names to names")
     return parsed
+
+
+def draw_first_parting(result: Any, path: str) -> str | None:
+    from ..compare.picture import draw_parting
+
+    for suite in result.suites:
+        for check in suite.checks:
+            found = check.first_difference
+            if found is not None and found.profile:
+                title = f"{suite.name}/{check.name}: where B parts from A\nA: {result.a}\nB: {result.b}"
+                return str(draw_parting(found, path, title))
+    return None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -102,6 +119,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"maskcheck: error: {exc}", file=sys.stderr)
         return 2
     print(render_comparison(result))
+    if args.picture:
+        drawn = draw_first_parting(result, args.picture)
+        print(f"picture: {drawn}" if drawn else "picture: not drawn (no check parts at a module laid out by position)")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code

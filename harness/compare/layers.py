@@ -37,6 +37,9 @@ class FirstDifference:
     positions: list[list[int]]  # [row, position] where it differs, for outputs [B, T, ...]
     compared: int  # matched modules compared before and at it
     matching: str  # "mapping", "name" or "order"
+    # (A's module name, relative difference at each position) for every matched module whose
+    # output is [B, T, ...] over the call's positions, in order: where the two part, per layer
+    profile: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def describe(self) -> str:
         where = f" at [row, position] {self.positions[:6]}" if self.positions else ""
@@ -115,10 +118,11 @@ def first_difference(
     output's magnitude; None when every matched one agrees. ``rows``: the call's batch size,
     so that outputs ``[B, T, ...]`` report the rows and positions that differ."""
     pairs, how = matched(a, b, mapping)
+    profile = per_position_profile(pairs, rows)
     for count, (x, y) in enumerate(pairs, start=1):
         if x.output.shape != y.output.shape:
             return FirstDifference(
-                x.name, y.name, float("inf"), relative_threshold, tuple(x.output.shape), [], count, how
+                x.name, y.name, float("inf"), relative_threshold, tuple(x.output.shape), [], count, how, profile
             )
         scale = float(x.output.abs().max()) if x.output.numel() else 0.0
         diff = (x.output - y.output).abs()
@@ -133,6 +137,28 @@ def first_difference(
                 over = (per_position > relative_threshold * scale).nonzero().tolist()
                 positions = [[int(r), int(t)] for r, t in over]
             return FirstDifference(
-                x.name, y.name, relative, relative_threshold, tuple(x.output.shape), positions, count, how
+                x.name, y.name, relative, relative_threshold, tuple(x.output.shape), positions, count, how, profile
             )
     return None
+
+
+def per_position_profile(pairs: list[tuple[Record, Record]], rows: int) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """Each matched module's relative difference at each position (the largest over rows and
+    features, over the largest magnitude of A's output), for outputs ``[B, T, ...]`` of the
+    call's ``rows`` and its longest ``T`` (a decode step's tokens, or the forward's positions)."""
+    shaped = [
+        (x, y)
+        for x, y in pairs
+        if x.output.dim() >= 3 and x.output.shape[0] == rows and x.output.shape == y.output.shape
+    ]
+    if not shaped:
+        return ()
+    length = max(x.output.shape[1] for x, _ in shaped)
+    profile = []
+    for x, y in shaped:
+        if x.output.shape[1] != length:
+            continue
+        scale = float(x.output.abs().max()) or 1.0
+        per_position = (x.output - y.output).abs().transpose(0, 1).flatten(1).amax(-1) / scale  # [T]
+        profile.append((x.name, tuple(float(v) for v in per_position)))
+    return tuple(profile)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, Batch
-from ..adapters.memo import forward_memo
+from ..adapters.memo import MemoisedCalls, forward_memo
 from ..engine.suite import Outcome
 from ..engine.tolerance import EPS, Tolerance, compare_logits
 
@@ -239,15 +239,10 @@ class PairedAdapter:
         b_state = self._on_b(lambda: getattr(self.b, name)(state.b, *arguments))
         return PairedState(a_state, b_state, [*state.history, (name, arguments)])
 
-    # -- decodes: made step by step here, so each step is compared -----------------------
+    # -- decodes: made step by step here, so each step is compared; nothing is memoised ---
 
-    def decoded(self, prompt: Batch, steps: list[Tensor]) -> tuple[Tensor, ...]:
-        logits, state = self.prefill(prompt)
-        pieces = [logits]
-        for tokens in steps:
-            step_logits, state = self.step(state, tokens)
-            pieces.append(step_logits)
-        return tuple(pieces)
+    # a fresh decode, prefill then steps, through this adapter's paired calls (no memo: fresh_decoding below)
+    decoded = MemoisedCalls.decoded
 
     def fresh_decoding(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
         return decode()

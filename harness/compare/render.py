@@ -26,5 +26,9 @@ def render_comparison(result: Any) -> str:
             lines.append(f"  {check.name:<20} {STATUS.get(check.status, check.status):<8} {check.message}")
             if check.case:
                 lines.append(f"  {'':<20} {'':<8} smallest case: {check.case}")
+    if result.status not in ("pass", "fail", "error"):
+        lines.append(
+            "NOTHING COMPARED: no check of these suites made a call on both models; A and B are not shown equal"
+        )
     lines.append(f"{STATUS.get(result.status, result.status)} in {result.seconds:.1f} s")
     return "\n".join(lines)

@@ -37,6 +37,12 @@ class CompareError(ValueError):
     """The two models cannot be compared (their vocabularies or families differ)."""
 
 
+def worst_status(statuses: Any) -> str:
+    """error, then fail, then pass, then not_run: a pass needs one check that compared and agreed."""
+    found = set(statuses)
+    return next((s for s in ("error", "fail", "pass", "not_run") if s in found), "not_applicable")
+
+
 @dataclass
 class CheckComparison:
     name: str
@@ -59,11 +65,7 @@ class SuiteComparison:
 
     @property
     def status(self) -> str:
-        statuses = {c.status for c in self.checks}
-        for status in ("error", "fail", "pass", "not_run"):
-            if status in statuses:
-                return status
-        return "not_applicable"
+        return worst_status(c.status for c in self.checks)
 
 
 @dataclass
@@ -77,15 +79,17 @@ class CompareResult:
 
     @property
     def status(self) -> str:
-        statuses = {s.status for s in self.suites}
-        for status in ("error", "fail", "pass", "not_run"):
-            if status in statuses:
-                return status
-        return "not_applicable"
+        return worst_status(s.status for s in self.suites)
+
+    def __str__(self) -> str:  # what a failing ``assert result.status == "pass", result`` prints
+        from .render import render_comparison
+
+        return render_comparison(self)
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.status in ("fail", "error") else 0
+        """0 when every check compared agrees, 1 when one parts or errs, 2 when none compared anything."""
+        return {"pass": 0, "fail": 1, "error": 1}.get(self.status, 2)
 
     def to_dict(self) -> dict[str, Any]:
         return {
