@@ -171,7 +171,9 @@ class NormCheckpointSuite(Suite):
             del variant  # one variant's model at a time
         losses = {name: loss for name, (loss, _) in scores.items()}
         chance = math.log(adapter.capabilities.vocab_size)
-        ranked = sorted(losses, key=losses.__getitem__)
+        # Ranked at the precision the message prints, then by name: variants that compute one
+        # function (equal losses up to rounding) keep one order in an audit and in its replay.
+        ranked = sorted(losses, key=lambda name: (round(losses[name], 3), name))
         best = ranked[0]
         gap = losses["declared"] - losses[best]
         margin = MARGIN_FRACTION * chance
