@@ -1,11 +1,11 @@
 """Seeded divergences for ``maskcheck compare``: a tiny Llama or Mistral and a port of it that parts somewhere.
 
-Each divergence is a mistake people make porting a Llama (one module computed another way);
-B holds A's weights, so wherever compare finds them parting, the divergence put it there.
-The attention divergences are registered as attention functions with transformers' own
-``AttentionInterface`` (the masks are built as for ``eager``), so B stays a
-``LlamaForCausalLM`` and only the one function differs. Clean pairs: ``eager`` against
-``sdpa``, and a model against itself saved and loaded again (``saved_and_loaded``).
+Each divergence is a mistake people make porting a model (one computation done another
+way); B holds A's weights, so wherever compare finds them parting, the divergence put it
+there. The GQA port's attention is registered with transformers' own ``AttentionInterface``
+(its masks built as for ``eager``), so B stays a ``LlamaForCausalLM`` and only that one
+function differs. Clean pairs: ``eager`` against ``sdpa``, and a model against itself saved
+and loaded again (``saved_and_loaded``).
 """
 
 from __future__ import annotations
@@ -17,59 +17,38 @@ import torch
 
 from .hf_tiny import tiny_model
 
-
-def _eager_attention(repeat_kv: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable:
-    """transformers' eager attention with its key/value head repeat replaced."""
-
-    def attention(
-        module: Any,
-        query: Any,
-        key: Any,
-        value: Any,
-        attention_mask: Any,
-        scaling: float,
-        dropout: float = 0.0,
-        **kwargs: Any,
-    ) -> Any:
-        groups = module.num_key_value_groups
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # [B, H_kv, T, d] -> [B, H, T, d]
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
-        if attention_mask is not None:
-            weights = weights + attention_mask[:, :, :, : key.shape[-2]]
-        weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, d]
-        return out, weights
-
-    return attention
+#: the attention function the GQA port registers with transformers' AttentionInterface
+TILED_HEADS_ATTENTION = "maskcheck_gqa_repeat"
 
 
-def _tiled(x: torch.Tensor, groups: int) -> torch.Tensor:
-    # The mistake: head h reads key/value head h % H_kv; transformers' repeat_kv
-    # (repeat_interleave) gives head h key/value head h // groups.
-    return x.repeat(1, groups, 1, 1)
+def _tiled_heads_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> Any:
+    """transformers' eager attention with the port's mistake: key/value heads repeated with
+    ``repeat``, so head h reads key/value head h % H_kv; transformers' ``repeat_kv``
+    (``repeat_interleave``) gives head h key/value head h // groups."""
+    groups = module.num_key_value_groups
+    key, value = key.repeat(1, groups, 1, 1), value.repeat(1, groups, 1, 1)  # [B, H_kv, T, d] -> [B, H, T, d]
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
+    if attention_mask is not None:
+        weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, d]
+    return out, weights
 
 
-ATTENTION_PORTS = {
-    "maskcheck_gqa_repeat": _eager_attention(_tiled),
-}
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    for name, function in ATTENTION_PORTS.items():
-        AttentionInterface.register(name, function)
-        AttentionMaskInterface.register(name, eager_mask)
-
-
-class _EpsOutsideSqrt(torch.nn.Module):
-    """``x / (sqrt(mean(x^2)) + eps)``: the port's RMSNorm; Llama's is ``x / sqrt(mean(x^2) + eps)``."""
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, D]
-        x = hidden.float()
-        normed = x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)
-        return self.weight * normed.to(hidden.dtype)
+def _eps_outside_sqrt(norm: Any, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+    """``x / (sqrt(mean(x^2)) + eps)``: the port's RMSNorm forward; Llama's is ``x / sqrt(mean(x^2) + eps)``."""
+    x = hidden.float()
+    normed = x / (x.pow(2).mean(-1, keepdim=True).sqrt() + norm.variance_epsilon)
+    return norm.weight * normed.to(hidden.dtype)
 
 
 def ported(divergence: str, attn_implementation: str = "eager", seed: int = 0) -> tuple[Any, Any]:
@@ -83,12 +62,14 @@ def ported(divergence: str, attn_implementation: str = "eager", seed: int = 0) -
     return a, b.eval()
 
 
-def _with_attention(name: str) -> Callable[[int], Any]:
-    def build(seed: int) -> Any:
-        _register_attention()
-        return tiny_model("llama", name, seed=seed)
+def _with_tiled_heads(seed: int) -> Any:
+    """The tiny Llama (4 heads over 2 key/value heads) computing attention with the GQA port's mistake."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-    return build
+    AttentionInterface.register(TILED_HEADS_ATTENTION, _tiled_heads_attention)
+    AttentionMaskInterface.register(TILED_HEADS_ATTENTION, eager_mask)  # its masks built as for eager
+    return tiny_model("llama", TILED_HEADS_ATTENTION, seed=seed)
 
 
 def _without_window(seed: int) -> Any:
@@ -106,16 +87,17 @@ def _without_window(seed: int) -> Any:
 def _with_norm(seed: int) -> Any:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    port = type("LlamaRMSNormEpsOutsideSqrt", (LlamaRMSNorm,), {"forward": _eps_outside_sqrt})
     model = tiny_model("llama", "eager", seed=seed)
     for module in model.modules():
         if type(module) is LlamaRMSNorm:
-            module.__class__ = type("LlamaRMSNormEpsOutsideSqrt", (LlamaRMSNorm,), {"forward": _EpsOutsideSqrt.forward})
+            module.__class__ = port
     return model
 
 
 #: divergence -> (A's tiny model, how B is built; B is then given A's weights)
 DIVERGENCES: dict[str, tuple[str, Callable[[int], Any]]] = {
-    "gqa_repeat_not_interleave": ("llama", _with_attention("maskcheck_gqa_repeat")),
+    "gqa_repeat_not_interleave": ("llama", _with_tiled_heads),
     "rms_norm_eps_outside_sqrt": ("llama", _with_norm),
     "sliding_window_dropped": ("mistral", _without_window),
 }

@@ -338,7 +338,9 @@ class ServingSuite(Suite):
         # after one could hold that request's state (a cache kept in the module's buffers),
         # and that floor would hide the very leak this check looks for.
         fresh, again = after(None), after(None)
-        real = torch.cat([b.real(second), torch.ones(second.size, case.steps, dtype=torch.bool)], dim=1)  # [B, T + n]
+        real = torch.cat(
+            [second.predicted_real, torch.ones(second.size, case.steps, dtype=torch.bool)], dim=1
+        )  # [B, T + n]
         return same_computation(
             context,
             fresh,

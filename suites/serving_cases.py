@@ -87,12 +87,6 @@ class ServingBatches(CacheBatches):
         """The batch whose row ``i`` is ``batch``'s row ``index[i]`` (its source too)."""
         return Batch(**select_rows(dataclasses.asdict(batch), index, batch.size))
 
-    @staticmethod
-    def real(batch: Batch) -> Tensor:
-        """``[B, T]`` True at the predicted side's real tokens."""
-        mask = batch.predicted_mask
-        return torch.ones(batch.predicted_ids.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
-
 
 def decoded(adapter: Adapter, state: Any, tokens: Tensor, sizes: Sequence[int]) -> tuple[Tensor, Any]:
     """Feed ``tokens [B, n]`` in steps of ``sizes``: their logits ``[B, n, V]`` and the state."""

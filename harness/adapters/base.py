@@ -152,6 +152,12 @@ class Batch:
     def predicted_mask(self) -> Tensor | None:
         return self.attention_mask if self.decoder_input_ids is None else self.decoder_attention_mask
 
+    @property
+    def predicted_real(self) -> Tensor:
+        """``[B, T]`` True at the predicted side's real tokens (every one without a mask), on the CPU."""
+        mask = self.predicted_mask
+        return torch.ones(self.predicted_ids.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
+
 
 class PickleRefused(Exception):
     """A pickle file that ``torch.load(weights_only=True)`` would not restore as plain data."""

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.tolerance import EPS, Tolerance
+
 #: how far ahead in B's records order matching looks for a module of the same shape
 LOOKAHEAD = 16
 
@@ -49,6 +51,12 @@ class FirstDifference:
             f"> {self.threshold:.3g}{where} (modules matched by {self.matching}; "
             f"{self.compared - 1} earlier ones agree)"
         )
+
+
+def relative_tolerance(tolerance: Tolerance, dtype: str) -> float:
+    """The largest difference, relative to a tensor's magnitude, that rounding alone makes in
+    one computation done two ways: the shape-change rule's term per unit of scale."""
+    return tolerance.shape_change_ulps * EPS[dtype]
 
 
 def first_tensor(value: Any) -> Tensor | None:

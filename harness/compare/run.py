@@ -3,8 +3,8 @@
 Each suite's checks are built on a :class:`PairedAdapter` of A and B and run as an audit
 runs them (the same seeds, the same Hypothesis draws and shrinking), except that a case's
 verdict is compare's: did B part from A in any call the case made? A failing check is
-shrunk to its smallest case, which is replayed once with hooks on both models to name the
-first module at which they part (``layers.py``).
+shrunk to its smallest case, whose first parting call is made again with hooks on both
+models to name the first module at which they part (``layers.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ..engine.profiles import check_profile, examples_of
 from ..engine.registry import load_suite
 from ..engine.suite import Check, CheckResult, RunContext, case_to_dict, run_check
 from ..engine.tolerance import measure_reference_error, tolerance_for
-from .layers import FirstDifference, first_difference, module_outputs
-from .paired import PairedAdapter, Recorder, relative_tolerance
+from .layers import FirstDifference, first_difference, module_outputs, relative_tolerance
+from .paired import PairedAdapter, Parting, Recorder
 from .weights import KeyMapping, load_weights
 
 #: the suites compare runs by default: those whose checks compare model outputs on inputs
@@ -234,28 +234,18 @@ def compare_check(check: Check, paired: PairedAdapter, context: RunContext, modu
         )
     if failure is None:
         return CheckComparison(check.name, checked.status, checked.message, cases=cases)
-    located = locate(check, paired, failure.case, context, module_map)
+    parting = failure.outcome.detail.get("parting")  # None where B raised: there is no call to replay
+    located = None if parting is None else locate(parting, paired, context, module_map)
     message = checked.message
     if located is not None:
         message += f"; {located.describe()}"
     return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases)
 
 
-def locate(
-    check: Check, paired: PairedAdapter, case: Any, context: RunContext, module_map: Any
-) -> FirstDifference | None:
-    """The first module at which A and B part on the first call of ``case`` where they part."""
-    recorder = paired.recorder
-    with forward_memo(False):
-        recorder.start()
-        try:
-            run_alone(check.evaluate(case))
-        except Exception:  # noqa: BLE001 - the verdict stands; only the localisation is lost
-            return None
-        if not recorder.partings:
-            return None
-        parting = recorder.partings[0]
-        records = []
+def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_map: Any) -> FirstDifference:
+    """The first module at which A and B part in ``parting``'s call, made again on both with hooks."""
+    records = []
+    with forward_memo(False):  # the hooks must see the call made, not a remembered result
         for adapter in (paired.a, paired.b):
             records.append(module_outputs(adapter.model, lambda arm, adapter=adapter: parting.replay(adapter, arm)))
     rows = int(parting.where.shape[0])
