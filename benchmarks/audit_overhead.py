@@ -61,6 +61,7 @@ from versus_peer import audit_process, medians, peer_run, print_comparison, prin
 
 from maskcheck import audit  # noqa: E402
 from maskcheck.harness.adapters.specs import adapter_for  # noqa: E402
+from maskcheck.harness.engine.profile_names import PROFILE_NAMES  # noqa: E402
 
 #: the sizes ``--scaling`` sets side by side: (name, width, layers, heads)
 GPT2_SIZES = (
@@ -488,7 +489,7 @@ def print_measured(name: str, r: dict[str, Any], args: argparse.Namespace) -> No
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="both", choices=[*COUNTED, "both"])
-    parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
+    parser.add_argument("--profile", default="ci", choices=PROFILE_NAMES)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
     parser.add_argument(
         "--breakdown",

@@ -33,6 +33,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from audit_overhead import count  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from maskcheck.harness.engine.profile_names import PROFILE_NAMES  # noqa: E402
 from maskcheck.reference_models.mutants import MUTANTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def sweep_main(profile: str, counts: list[int], only: list[str]) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
+    parser.add_argument("--profile", default="ci", choices=PROFILE_NAMES)
     parser.add_argument("--counts", default="1,2,3,4,6,8,12,20", help="case counts to try, ascending")
     parser.add_argument("--only", default="", help="comma-separated seeded bugs, or model types (default: all)")
     parser.add_argument("--sweep", action="store_true", help="the sweep's CI subset instead of the seeded bugs")

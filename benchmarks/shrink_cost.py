@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
 from maskcheck.harness.audits import runner  # noqa: E402
+from maskcheck.harness.engine.profile_names import PROFILE_NAMES  # noqa: E402
 from maskcheck.harness.engine.suite import RunContext  # noqa: E402
 from maskcheck.reference_models.mutants import MUTANTS  # noqa: E402
 
@@ -42,7 +43,7 @@ def timed_audit(name: str, suite: str, profile: str, shrink: bool) -> tuple[floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="dev", choices=["dev", "ci", "thorough"])
+    parser.add_argument("--profile", default="dev", choices=PROFILE_NAMES)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each; the median is reported (default: 3)")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import pytest
 
 import maskcheck.harness.engine.suite as engine
+from maskcheck.harness.engine.profiles import examples_of
 from maskcheck.harness.engine.suite import (
     Check,
     Outcome,
@@ -69,6 +70,14 @@ def test_a_check_sees_the_minimal_case_then_the_profiles_count_of_varied_cases(p
     random = seen[1:]
     assert {c.side for c in random} == {"left", "right"}
     assert len({(c.lengths, c.extra) for c in random}) >= len(random) - 1
+
+
+def test_the_quick_profile_sees_each_checks_minimal_case_alone() -> None:
+    check, seen = recording(padded_cases(12))
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"), examples=examples_of("quick"), profile="quick")
+    result, evaluated, _ = run_check(check, context)
+    assert result.status == "pass"
+    assert evaluated == 1 and seen == [PaddedCase(lengths=(1,), extra=1, side="right", seed=0)]
 
 
 def test_checks_given_one_strategy_object_draw_once_and_see_the_same_cases(monkeypatch: pytest.MonkeyPatch) -> None:

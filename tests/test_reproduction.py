@@ -192,6 +192,7 @@ def test_ci_profile_records_the_hypothesis_blob(tmp_path: Path) -> None:
 def test_profiles_are_registered_with_hypothesis() -> None:
     import maskcheck.harness.engine.profiles  # noqa: F401
 
+    assert settings.get_profile("maskcheck-quick").max_examples == 1
     assert settings.get_profile("maskcheck-dev").max_examples == 8
     ci = settings.get_profile("maskcheck-ci")
     assert ci.max_examples == 10 and ci.print_blob and ci.deadline is None and ci.database is None

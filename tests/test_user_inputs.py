@@ -61,7 +61,7 @@ def test_a_mask_wrong_only_past_some_length_is_caught_at_that_length() -> None:
 
 
 def test_lengths_cap_per_profile_within_the_context() -> None:
-    assert [length_cap(p, 10**6) for p in ("dev", "ci", "thorough")] == [128, 256, 4096]
+    assert [length_cap(p, 10**6) for p in ("quick", "dev", "ci", "thorough")] == [128, 128, 256, 4096]
     assert length_cap("thorough", 1024) == 1024 and length_cap("ci", 64) == 64
     assert [length_cap(p, 10**6, cached=True) for p in ("dev", "ci", "thorough")] == [48, 96, 512]
     assert length_cap("ci", None) is None  # no declared context: short cases only

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..engine.profile_names import PROFILE_NAMES
 from .quiet import quiet_transformers
 
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
@@ -62,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--profile",
-        choices=["dev", "ci", "thorough"],
-        help="dev: 8 cases per check, ci: 10, thorough: 200 (default: dev)",
+        choices=PROFILE_NAMES,
+        help="quick: each check's minimal case alone, dev: 8 cases per check, ci: 10, thorough: 200 (default: dev)",
     )
     audit.add_argument(
         "--paths",

@@ -6,7 +6,7 @@
 - :mod:`.tolerance`: thresholds from measured noise floors
 - :mod:`.influence`: which inputs move which outputs (for causal, padding and pictures)
 - :mod:`.strategies`: the Hypothesis strategies that draw case structure
-- :mod:`.profiles`: the dev, ci and thorough profiles; Hypothesis settings
+- :mod:`.profiles`: the quick, dev, ci and thorough profiles; Hypothesis settings
 - :mod:`.registry`: suites and probes found through their entry-point groups
 - :mod:`.verdict`: statuses, check and suite results
 

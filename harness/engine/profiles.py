@@ -1,4 +1,4 @@
-"""Hypothesis settings profiles for maskcheck's checks: ``dev``, ``ci`` and ``thorough``.
+"""Hypothesis settings profiles for maskcheck's checks: ``quick``, ``dev``, ``ci`` and ``thorough``.
 
 They are registered with Hypothesis when this module is imported (the engine imports it),
 so any repo that runs maskcheck gets them. They are registered as ``maskcheck-dev``,
@@ -39,7 +39,14 @@ from contextlib import contextmanager
 
 from hypothesis import HealthCheck, Verbosity, settings
 
+from .profile_names import PROFILE_NAMES
+
+#: ``quick`` evaluates each check's minimal case alone (the case Hypothesis tries first: one
+#: short row, one chunk of one token): the cheapest audit of every suite and call path,
+#: for a pre-commit hook. What it cannot see (a second row, left padding, a long row, a
+#: chunk of several tokens) is measured in docs/performance.md.
 PROFILES: dict[str, settings] = {
+    "quick": settings(max_examples=1, print_blob=True),
     "dev": settings(max_examples=8, print_blob=False),
     "ci": settings(max_examples=10, print_blob=True),
     "thorough": settings(max_examples=200, print_blob=True),
@@ -74,7 +81,7 @@ def examples_of(profile: str) -> int:
 
 #: Cases a check draws on each call path besides the canonical one (harness/adapters/paths.py):
 #: ``dev`` and ``ci`` sample every path with a few, ``thorough`` gives each path its full count.
-PATH_EXAMPLES = {"dev": 2, "ci": 2, "thorough": None}
+PATH_EXAMPLES = {"quick": 1, "dev": 2, "ci": 2, "thorough": None}
 
 
 def path_examples_of(profile: str, examples: int) -> int:
@@ -83,6 +90,7 @@ def path_examples_of(profile: str, examples: int) -> int:
     return examples if share is None else min(share, examples)
 
 
+assert tuple(PROFILES) == PROFILE_NAMES, "a profile is named in profile_names.py and given its settings here"
 for _name, _settings in PROFILES.items():
     settings.register_profile(hypothesis_name(_name), settings(_settings, **COMMON))
 
@@ -130,8 +138,8 @@ def without_local_constants() -> Iterator[None]:
 #: The longest sequence a case may have, per profile, within the model's declared context:
 #: a full forward compares every position of a case at once, so long cases cost tokens, not
 #: forwards. Cached decoding steps token by token, so it has a cap of its own.
-LENGTH_CAPS = {"dev": 128, "ci": 256, "thorough": 4096}
-CACHE_LENGTH_CAPS = {"dev": 48, "ci": 96, "thorough": 512}
+LENGTH_CAPS = {"quick": 128, "dev": 128, "ci": 256, "thorough": 4096}
+CACHE_LENGTH_CAPS = {"quick": 48, "dev": 48, "ci": 96, "thorough": 512}
 
 
 def length_cap(profile: str, max_length: int | None, cached: bool = False) -> int | None:

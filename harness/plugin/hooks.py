@@ -39,11 +39,13 @@ from typing import Any
 
 import pytest
 
+from ..engine.profile_names import PROFILE_NAMES
+
 OPTIONS = {
     # option name: (ini key, help)
     "models": ("maskcheck_models", "model spec to audit; one test per suite (repeatable)"),
     "suites": ("maskcheck_suites", "comma-separated suites (default: every suite)"),
-    "profile": ("maskcheck_profile", "dev, ci or thorough (default: ci)"),
+    "profile": ("maskcheck_profile", "quick, dev, ci or thorough (default: ci)"),
     "device": ("maskcheck_device", "cpu, cuda, cuda:N or auto (default: cpu)"),
     "dtype": ("maskcheck_dtype", "float32, bfloat16 or float16 (default: the model's own)"),
     "report_dir": ("maskcheck_report_dir", "reports and reproduction bundles (default: maskcheck-report)"),
@@ -74,7 +76,7 @@ DEFAULTS = {
     "threads": "auto",
     "paths": None,
 }
-CHOICES = {"profile": ("dev", "ci", "thorough"), "dtype": ("float32", "bfloat16", "float16")}
+CHOICES = {"profile": PROFILE_NAMES, "dtype": ("float32", "bfloat16", "float16")}
 #: [tool.maskcheck] keys for the same settings
 CONFIG_KEYS = {
     "models": "models",

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from maskcheck.harness.engine.profile_names import PROFILE_NAMES
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
 TASKS = ("causal-lm", "masked-lm", "seq2seq")
@@ -250,7 +252,7 @@ def main() -> int:
         default="default,eager",
         help="attention implementations, 'default' = the model's own (default: default,eager)",
     )
-    parser.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"])
+    parser.add_argument("--profile", default="ci", choices=PROFILE_NAMES)
     parser.add_argument("--timeout", type=float, default=180, help="seconds per audit (default: 180)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON lines (default: {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--again", action="store_true", help="rerun audits already in the results")
