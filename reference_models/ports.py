@@ -51,6 +51,18 @@ def _eps_outside_sqrt(norm: Any, hidden: torch.Tensor) -> torch.Tensor:  # [B, T
     return norm.weight * normed.to(hidden.dtype)
 
 
+def _rotated_backwards(
+    attention: Any, hidden_states: torch.Tensor, position_embeddings: Any, *args: Any, **kwargs: Any
+):
+    """The port's attention: rotary's ``rotate_half`` negates the wrong half, ``(x2, -x1)`` where
+    Llama's is ``(-x2, x1)``, so every query and key turns backwards. ``q cos + (x2, -x1) sin``
+    is ``q cos + (-x2, x1)(-sin)`` bit for bit (a product's sign is exact), so the port is
+    Llama's attention given ``-sin``: the rotary module's outputs are Llama's, and the
+    difference starts inside each attention."""
+    cos, sin = position_embeddings  # [B, T, d] each
+    return type(attention).__mro__[1].forward(attention, hidden_states, (cos, -sin), *args, **kwargs)
+
+
 def ported(divergence: str, attn_implementation: str = "eager", seed: int = 0) -> tuple[Any, Any]:
     """(A, B): a tiny model and the port of it with ``divergence`` (one of :data:`DIVERGENCES`), A's weights in B."""
     if divergence not in DIVERGENCES:
@@ -95,8 +107,20 @@ def _with_norm(seed: int) -> Any:
     return model
 
 
+def _with_rotary_backwards(seed: int) -> Any:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    port = type("LlamaAttentionRotaryWrongHalf", (LlamaAttention,), {"forward": _rotated_backwards})
+    model = tiny_model("llama", "eager", seed=seed)
+    for module in model.modules():
+        if type(module) is LlamaAttention:
+            module.__class__ = port
+    return model
+
+
 #: divergence -> (A's tiny model, how B is built; B is then given A's weights)
 DIVERGENCES: dict[str, tuple[str, Callable[[int], Any]]] = {
+    "rotary_wrong_half": ("llama", _with_rotary_backwards),
     "gqa_repeat_not_interleave": ("llama", _with_tiled_heads),
     "rms_norm_eps_outside_sqrt": ("llama", _with_norm),
     "sliding_window_dropped": ("mistral", _without_window),
@@ -129,3 +153,8 @@ def mistral() -> Any:
 def windowless_mistral() -> Any:
     """Its port that drops the sliding window (a factory for ``module:`` specs)."""
     return ported("sliding_window_dropped")[1]
+
+
+def rotary_wrong_half_llama() -> Any:
+    """Its port whose rotary negates the wrong half (a factory for ``module:`` specs)."""
+    return ported("rotary_wrong_half")[1]

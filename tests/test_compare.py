@@ -66,6 +66,7 @@ def test_a_model_saved_and_loaded_again_agrees_with_itself(tmp_path):
             2,
         ),  # the first output after the attention core
         ("rms_norm_eps_outside_sqrt", "model.layers.0.input_layernorm", 2),
+        ("rotary_wrong_half", "model.layers.0.self_attn.o_proj", 2),  # q and k agree before rotary
         (
             "sliding_window_dropped",
             "model.layers.0.self_attn.o_proj",
@@ -84,6 +85,8 @@ def test_a_seeded_divergence_is_found_at_its_module(divergence, module, length):
     assert module in failed.message
     if divergence == "sliding_window_dropped":
         assert {t for _, t in failed.first_difference.positions} == {4}
+    if divergence == "rotary_wrong_half":  # position 0 is not rotated: the port parts from position 1
+        assert {t for _, t in failed.first_difference.positions} == {1}
 
 
 def test_a_cache_that_decodes_one_position_off_parts_only_in_cached_decoding():
