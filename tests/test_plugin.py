@@ -426,7 +426,7 @@ def test_invalid_settings_are_one_usage_error(pytester: pytest.Pytester) -> None
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = result.stderr.str()
-    assert "maskcheck_profile = 'fast' is not one of dev, ci, thorough" in errors and "Traceback" not in errors
+    assert "maskcheck_profile = 'fast' is not one of quick, dev, ci, thorough" in errors and "Traceback" not in errors
     assert errors.count("maskcheck_profile") == 1
 
 
