@@ -4,14 +4,20 @@ where they were put (the first differing module), and the weights loader account
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from maskcheck.harness.cli import main as cli_main
 from maskcheck.harness.compare.layers import Record, first_difference
+from maskcheck.harness.compare.reproduction import replay_models, replay_parting
 from maskcheck.harness.compare.run import CompareError, compare
 from maskcheck.harness.compare.weights import WeightsMismatch, load_weights
+from maskcheck.harness.report.reproduction import BundleError
 from maskcheck.reference_models import mutants
 from maskcheck.reference_models.hf_tiny import tiny_model
 from maskcheck.reference_models.ports import ported, saved_and_loaded
@@ -154,12 +160,52 @@ def test_the_cli_compares_two_specs_and_writes_json(tmp_path, capsys):
 def test_the_cli_draws_where_a_port_parts(tmp_path, capsys):
     code = cli_main(
         ["compare", f"module:{PORTS}:llama", f"module:{PORTS}:gqa_repeat_llama",
-         "--suites", "causal", "--profile", "dev", "--picture", str(tmp_path / "parting.png")]
+         "--suites", "causal", "--profile", "dev", "--picture", str(tmp_path / "parting.png"),
+         "--report", str(tmp_path)]
     )  # fmt: skip
     text = capsys.readouterr().out
     assert code == 1, text
     assert "first differing module: model.layers.0.self_attn.o_proj" in text
     assert (tmp_path / "parting.png").stat().st_size > 1000
+    assert (tmp_path / "repro-compare-causal-future_tokens" / "test_repro_compare.py").is_file()
+
+
+def test_a_parting_is_written_as_a_test_that_fails_on_its_own(tmp_path):
+    result = compare(
+        f"module:{PORTS}:llama", f"module:{PORTS}:rotary_wrong_half_llama", ["causal"], profile="dev",
+        bundle_dir=tmp_path / "report",
+    )  # fmt: skip
+    parted = checks(result)[("causal", "future_tokens")]
+    assert parted.status == "fail" and parted.reproduction is not None
+    assert "reproduction: pytest" in parted.message
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    test_file = Path(parted.reproduction) / "test_repro_compare.py"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        cwd=elsewhere, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr  # a failure, not a setup error
+    assert "1 failed" in run.stdout and "B parts from A in a forward" in run.stdout
+    assert "model.layers.0.self_attn.o_proj" in run.stdout
+    # the same call on a B without the divergence agrees: the test fails for the port's reason
+    assert replay_parting(parted.reproduction, b=tiny_model("llama", "eager")).status == "pass"
+
+
+def test_a_decode_parting_replays_its_operations_from_the_file(tmp_path):
+    name = "module_state_cache_position_off_by_one"
+    a, b = mutants.build_clean(name), mutants.build(name)
+    b.load_state_dict(a.state_dict())
+    result = compare(a, b, ["kv_cache"], profile="dev", bundle_dir=tmp_path)
+    parted = checks(result)[("kv_cache", "incremental")]
+    assert parted.status == "fail" and parted.reproduction is not None
+    # models handed in as objects: the file says so, and replays on the models given to it
+    assert "set A and B" in (Path(parted.reproduction) / "test_repro_compare.py").read_text()
+    with pytest.raises(BundleError):
+        replay_models(parted.reproduction)
+    replayed = replay_parting(parted.reproduction, a=a, b=b)
+    assert replayed.status == "fail" and "cached decoding, step 1" in replayed.message, replayed.report()
+    assert replay_parting(parted.reproduction, a=a, b=a).status == "pass"
 
 
 def test_a_comparison_that_compared_nothing_is_not_green():

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..engine.profile_names import PROFILE_NAMES
+
 
 def add_parser(sub: Any) -> None:
     compare = sub.add_parser(
@@ -30,7 +32,7 @@ def add_parser(sub: Any) -> None:
         help="comma-separated suites (default: causal, padding, cross_attention, "
         "loss_masking, packing, kv_cache, serving)",
     )
-    compare.add_argument("--profile", default="ci", choices=["dev", "ci", "thorough"], help="case counts (default: ci)")
+    compare.add_argument("--profile", default="ci", choices=PROFILE_NAMES, help="case counts (default: ci)")
     compare.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
     compare.add_argument("--seed", type=int, default=0, help="seed for case generation (default: 0)")
     compare.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
@@ -51,6 +53,13 @@ def add_parser(sub: Any) -> None:
         "(null drops a tensor); every tensor must be placed and every parameter of B loaded",
     )
     compare.add_argument("--json", dest="json_path", help="write the comparison as JSON here")
+    compare.add_argument(
+        "--report",
+        dest="report_dir",
+        default="maskcheck-report",
+        help="where each parting check's reproduction goes, repro-compare-SUITE-CHECK/ with a pytest file that "
+        "fails on its own (default: maskcheck-report)",
+    )
     compare.add_argument(
         "--picture",
         help="PNG path: where A and B part, per module and position, on the first failing check's smallest case",
@@ -114,6 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             module_map=module_map,
             weights=weights,
             progress=lambda suite: print(f"comparing {suite} ...", file=sys.stderr),
+            bundle_dir=args.report_dir,
         )
     except (SpecError, UnknownSuiteError, CompareError, WeightsMismatch, ValueError, OSError) as exc:
         print(f"maskcheck: error: {exc}", file=sys.stderr)

@@ -46,8 +46,8 @@ class Parting:
     floor: float
     threshold: float
     positions: list[list[int]]  # [row, position] where it differs (positions of the call's own tokens)
-    # makes the call again on one adapter; ``arm()`` is called just before it (to put hooks on)
-    replay: Callable[..., Tensor]
+    # the operations that make the call again from nothing, the call last (:func:`replay`)
+    history: list[Operation]
     where: Tensor  # [B, T] the compared positions of the call
     offset: int = 0  # the call's first position in its sequence
 
@@ -129,7 +129,7 @@ class PairedAdapter:
     # -- calls compared ------------------------------------------------------------------
 
     def _judge(
-        self, what: str, a_logits: Tensor, b_logits: Tensor, where: Tensor, replay: Callable, offset: int = 0
+        self, what: str, a_logits: Tensor, b_logits: Tensor, where: Tensor, history: list[Operation], offset: int = 0
     ) -> None:
         """Compare one call's outputs; a call over its threshold at floor 0 is judged again at
         the floor A's own repeat of it measures (the suites' way: every threshold grows with it)."""
@@ -140,7 +140,7 @@ class PairedAdapter:
         floor = 0.0
         if comparison.max_diff > threshold:
             with forward_memo(False):
-                again = replay(self.a)
+                again = replay(self.a, history)
             floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where).max_diff
             threshold = self.recorder.tolerance.shape_change(floor, self.recorder.dtype, comparison.scale)
         ratio = (
@@ -150,7 +150,7 @@ class PairedAdapter:
         if comparison.max_diff > threshold:
             positions = [[b, t + offset] for b, t in comparison.positions_over(threshold)]
             self.recorder.partings.append(
-                Parting(what, comparison.max_diff, floor, threshold, positions, replay, where, offset)
+                Parting(what, comparison.max_diff, floor, threshold, positions, history, where, offset)
             )
 
     def _on_b(self, call: Callable[[], Any]) -> Any:
@@ -172,7 +172,7 @@ class PairedAdapter:
             a_logits,
             b_logits,
             where,
-            lambda adapter, arm=None: armed(arm, lambda: adapter.logits(batch, keep)),
+            [("logits", (batch, keep))],
             offset=batch.predicted_ids.shape[1] - count,
         )
         return a_logits
@@ -209,7 +209,7 @@ class PairedAdapter:
             if last == "step"
             else f"the {last} of a {'x'.join(map(str, a_logits.shape[:2]))} prompt ({describe(history)})"
         )
-        self._judge(what, a_logits, b_logits, where, lambda adapter, arm=None: replay(adapter, history, arm))
+        self._judge(what, a_logits, b_logits, where, history)
 
     # -- operations on the state, made on both -------------------------------------------
 
@@ -256,14 +256,18 @@ class PairedAdapter:
 
 
 def replay(adapter: Adapter, history: list[Operation], before_last: Callable[[], Any] | None = None) -> Tensor:
-    """Make a decoding state's operations again on ``adapter`` from a fresh prompt: the logits
-    of its last operation. ``before_last()`` is called just before that operation (to put hooks on)."""
+    """Make a call again on ``adapter`` from nothing: a forward (``logits``, one operation), or
+    a decoding state's operations from a fresh prompt. Returns the logits of the last
+    operation; ``before_last()`` is called just before it (to put hooks on)."""
     state: Any = None
     logits: Tensor | None = None
     for i, (name, arguments) in enumerate(history):
         if before_last is not None and i == len(history) - 1:
             before_last()
-        if name == "prefill":
+        if name == "logits":
+            batch, keep = arguments
+            logits = adapter.logits(batch, keep)
+        elif name == "prefill":
             batch, rollback = arguments
             logits, state = adapter.prefill(batch, rollback=rollback)
         elif name == "step":
@@ -274,12 +278,6 @@ def replay(adapter: Adapter, history: list[Operation], before_last: Callable[[],
             state = getattr(adapter, name)(state, *arguments)
     assert logits is not None
     return logits
-
-
-def armed(arm: Callable[[], Any] | None, call: Callable[[], Tensor]) -> Tensor:
-    if arm is not None:
-        arm()
-    return call()
 
 
 def describe(history: list[Operation]) -> str:

@@ -13,6 +13,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ..adapters.memo import forward_memo
@@ -22,8 +24,10 @@ from ..engine.profiles import check_profile, examples_of
 from ..engine.registry import load_suite
 from ..engine.suite import Check, CheckResult, RunContext, case_to_dict, run_check
 from ..engine.tolerance import measure_reference_error, tolerance_for
+from ..report.reproduction import BundleError
 from .layers import FirstDifference, first_difference, module_outputs, relative_tolerance
-from .paired import PairedAdapter, Parting, Recorder
+from .paired import PairedAdapter, Parting, Recorder, replay
+from .reproduction import TEST_FILE, bundle_name, write_parting
 from .weights import KeyMapping, load_weights
 
 #: the suites compare runs by default: those whose checks compare model outputs on inputs
@@ -51,6 +55,7 @@ class CheckComparison:
     case: dict[str, Any] | None = None
     first_difference: FirstDifference | None = None
     cases: int = 0
+    reproduction: str | None = None  # the folder of the test that fails on its own (reproduction.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "first_difference"}
@@ -117,11 +122,14 @@ def compare(
     weights: bool | KeyMapping = False,
     options: Any = None,
     progress: Callable[[str], None] | None = None,
+    bundle_dir: str | Path | None = None,
 ) -> CompareResult:
     """Compare A and B (spec strings, models or adapters) on ``suites``' cases (default:
     :data:`DEFAULT_SUITES`). ``weights``: load A's weights into B first, under this key
     mapping (True: the same names). ``module_map``: A's module names to B's, for
-    implementations whose module trees differ (by order and shape otherwise)."""
+    implementations whose module trees differ (by order and shape otherwise).
+    ``bundle_dir``: where each parting check's reproduction is written
+    (``repro-compare-<suite>-<check>/``, reproduction.py)."""
     started = time.perf_counter()
     first = load_adapter(a, options) if isinstance(a, str) else adapter_for(a)
     second = load_adapter(b, options) if isinstance(b, str) else adapter_for(b)
@@ -146,6 +154,12 @@ def compare(
     )
     recorder = Recorder(tolerance, caps.dtype)
     paired = PairedAdapter(first, second, recorder)
+
+    def reproduce(suite: str, check: str, parting: Parting, located: FirstDifference | None) -> str:
+        """Write the check's reproduction; its folder (BundleError: why it cannot be written)."""
+        folder = Path(bundle_dir) / bundle_name(suite, check)  # type: ignore[arg-type]
+        return str(write_parting(folder, suite, check, parting, first, second, tolerance, caps.dtype, weights, located))
+
     names = list(suites) if suites else list(DEFAULT_SUITES)
     loaded_suites = [(name, load_suite(name)) for name in names]
     results = []
@@ -153,7 +167,9 @@ def compare(
         if progress is not None:
             progress(name)
         try:
-            results.append(compare_suite(name, suite, paired, context, module_map))
+            results.append(
+                compare_suite(name, suite, paired, context, module_map, reproduce if bundle_dir is not None else None)
+            )
         finally:
             paired.release_state()
     return CompareResult(first.spec, second.spec, results, conventions, loaded, time.perf_counter() - started)
@@ -172,8 +188,12 @@ def differing_conventions(a: Any, b: Any) -> list[str]:
     return said
 
 
+#: writes a parting check's reproduction: (suite, check, parting, first difference) -> its folder
+Reproduce = Callable[[str, str, Parting, "FirstDifference | None"], str]
+
+
 def compare_suite(
-    name: str, suite: Any, paired: PairedAdapter, context: RunContext, module_map: Any
+    name: str, suite: Any, paired: PairedAdapter, context: RunContext, module_map: Any, reproduce: Reproduce | None
 ) -> SuiteComparison:
     result = SuiteComparison(name)
     reason = suite.not_applicable(paired.capabilities)
@@ -189,7 +209,7 @@ def compare_suite(
         if isinstance(check, CheckResult):
             result.checks.append(CheckComparison(check.name, check.status, check.message))
             continue
-        result.checks.append(compare_check(check, paired, context, module_map))
+        result.checks.append(compare_check(check, paired, context, module_map, reproduce and partial(reproduce, name)))
     return result
 
 
@@ -210,7 +230,13 @@ def compared(check: Check, paired: PairedAdapter) -> Check:
     return replace(check, evaluate=evaluate, batchable=False, replays=None)
 
 
-def compare_check(check: Check, paired: PairedAdapter, context: RunContext, module_map: Any) -> CheckComparison:
+def compare_check(
+    check: Check,
+    paired: PairedAdapter,
+    context: RunContext,
+    module_map: Any,
+    reproduce: Callable[[str, Parting, FirstDifference | None], str] | None = None,  # Reproduce, its suite given
+) -> CheckComparison:
     recorder = paired.recorder
     recorder.start_check()
     try:
@@ -239,7 +265,14 @@ def compare_check(check: Check, paired: PairedAdapter, context: RunContext, modu
     message = checked.message
     if located is not None:
         message += f"; {located.describe()}"
-    return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases)
+    written = None
+    if reproduce is not None and parting is not None:
+        try:
+            written = reproduce(check.name, parting, located)
+            message += f"; reproduction: pytest {Path(written) / TEST_FILE}"
+        except (BundleError, OSError) as exc:
+            message += f"; no reproduction written: {exc}"
+    return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases, written)
 
 
 def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_map: Any) -> FirstDifference:
@@ -247,6 +280,8 @@ def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_
     records = []
     with forward_memo(False):  # the hooks must see the call made, not a remembered result
         for adapter in (paired.a, paired.b):
-            records.append(module_outputs(adapter.model, lambda arm, adapter=adapter: parting.replay(adapter, arm)))
+            records.append(
+                module_outputs(adapter.model, lambda arm, adapter=adapter: replay(adapter, parting.history, arm))
+            )
     rows = int(parting.where.shape[0])
     return first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)

@@ -189,6 +189,18 @@ def model_source(adapter: Adapter) -> dict[str, Any]:
     }
 
 
+def model_record(adapter: Adapter) -> dict[str, Any]:
+    """:func:`model_source`, and how the spec was loaded: an override forces a layout, a task
+    or an attention backend changes the model."""
+    options = getattr(adapter, "load_options", None)
+    return {
+        **model_source(adapter),
+        "overrides": dict(options.overrides) if options else {},
+        "task": options.task if options else None,
+        "attn_implementation": options.attn_implementation if options else None,
+    }
+
+
 # -- cases as plain data ----------------------------------------------------------------------
 
 
@@ -255,17 +267,10 @@ def write_bundle(
                 "hypothesis_blob": failure.outcome.detail.get("hypothesis_blob"),
             }
         )
-    options = getattr(adapter, "load_options", None)
     data = {
         "format": BUNDLE_FORMAT,
         "suite": suite.name,
-        "model": {
-            **model_source(adapter),
-            # how the spec was loaded: an override forces a layout, a task or backend changes the model
-            "overrides": dict(options.overrides) if options else {},
-            "task": options.task if options else None,
-            "attn_implementation": options.attn_implementation if options else None,
-        },
+        "model": model_record(adapter),
         "seed": context.seed,
         "profile": context.profile,
         "dtype": context.dtype,
@@ -405,7 +410,7 @@ def replay(path: str | Path, model: Any = None, device: str | None = None) -> li
     or adapter), and let the suite revise their verdicts as the audit did (its ``conclude``:
     one check's result can explain another's), so a replay tells the audit's story."""
     data = load_bundle(path)
-    adapter = _adapter_for_replay(data, model, device)
+    adapter = adapter_for_replay(data, model, device)
     results = [_replay_one(data, record, adapter) for record in data["checks"]]
     _conclude(data["suite"], results)
     return results
@@ -435,11 +440,12 @@ def _conclude(suite_name: str, results: list[ReplayResult]) -> None:
 
 def replay_model(path: str | Path, model: Any = None, device: str | None = None) -> Adapter:
     """The adapter a bundle replays on: ``model`` (spec, object or adapter) or the one it recorded."""
-    return _adapter_for_replay(load_bundle(path), model, device)
+    return adapter_for_replay(load_bundle(path), model, device)
 
 
-def _adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> Adapter:
-    """The adapter to replay on, with ``replay_note`` set when its weights differ from the recorded ones."""
+def adapter_for_replay(data: dict[str, Any], model: Any, device: str | None) -> Adapter:
+    """The adapter to replay on (``model``: a model, a spec, or None for the one ``data["model"]``
+    records), with ``replay_note`` set when its weights differ from the recorded ones."""
     from ..adapters.specs import LoadOptions, adapter_for, load_adapter
 
     if model is not None and not isinstance(model, str):
