@@ -95,6 +95,39 @@ def test_a_seeded_divergence_is_found_at_its_module(divergence, module, length):
         assert {t for _, t in failed.first_difference.positions} == {1}
 
 
+def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_its_weights():
+    """The clean pair of renamed modules: GPT-2's names and attention written out by hand."""
+    from maskcheck.reference_models.plain import plain_decoder
+    from maskcheck.reference_models.plain_port import port_key, ported_plain_decoder
+
+    a, b = plain_decoder(), ported_plain_decoder()
+    unloaded = checks(compare(a, b, ["causal"], profile="dev"))[("causal", "future_tokens")]
+    assert unloaded.status == "fail"  # the pair can part: its own random weights
+    assert unloaded.first_difference is not None and unloaded.first_difference.b_name == "wte"  # matched by order
+    result = compare(a, b, profile="dev", weights=port_key)
+    assert_agree(result)
+    assert result.weights["read"] == result.weights["loaded"] == len(a.state_dict())
+    found = checks(result)
+    for compared in [("padding", "padded_vs_unpadded"), ("kv_cache", "incremental"), ("serving", "beam_reorder")]:
+        assert found[compared].status == "pass", found[compared].message
+
+
+def test_the_cli_loads_a_port_s_weights_from_a_json_key_map(tmp_path, capsys):
+    from maskcheck.reference_models.plain import PlainDecoder
+    from maskcheck.reference_models.plain_port import port_key
+
+    mapping = tmp_path / "keys.json"
+    mapping.write_text(json.dumps({name: port_key(name) for name in PlainDecoder().state_dict()}))
+    code = cli_main(
+        ["compare", "module:maskcheck.reference_models.plain:plain_decoder",
+         "module:maskcheck.reference_models.plain_port:ported_plain_decoder",
+         "--suites", "causal,kv_cache", "--profile", "dev", "--weights", str(mapping), "--report", str(tmp_path)]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "kv_cache         PASS" in text
+
+
 def test_a_cache_that_decodes_one_position_off_parts_only_in_cached_decoding():
     name = "module_state_cache_position_off_by_one"
     a, b = mutants.build_clean(name), mutants.build(name)
