@@ -624,3 +624,55 @@ def test_the_call_paths_are_chosen_on_the_command_line_and_an_unknown_one_is_a_u
     assert outcomes(ran) == {"passed": 2}, ran.stdout.str()[-2000:]
     report = json.loads(next((pytester.path / "maskcheck-report").glob("*/report.json")).read_text())
     assert [p["path"] for p in report["environment"]["paths"]] == ["canonical", "training_backward", "training"]
+
+
+COMPARE_PYPROJECT = """
+[tool.pytest.ini_options]
+addopts = "-p no:cacheprovider"
+
+[tool.maskcheck]
+profile = "dev"
+
+[[tool.maskcheck.compare]]
+a = "module:maskcheck.reference_models.plain:plain_decoder"
+b = "module:maskcheck.reference_models.plain_port:ported_plain_decoder"
+weights = "keys.json"
+suites = ["causal", "kv_cache"]
+
+[[tool.maskcheck.compare]]
+a = "module:maskcheck.reference_models.ports:llama"
+b = "module:maskcheck.reference_models.ports:rotary_wrong_half_llama"
+suites = "causal"
+"""
+
+
+def test_configured_pairs_are_compared_one_test_each_and_a_port_that_parts_fails_with_its_module(
+    pytester: pytest.Pytester,
+) -> None:
+    from maskcheck.reference_models.plain import PlainDecoder
+    from maskcheck.reference_models.plain_port import port_key
+
+    pytester.makefile(".toml", pyproject=COMPARE_PYPROJECT)
+    keys = {name: port_key(name) for name in PlainDecoder().state_dict()}
+    pytester.makefile(".json", keys=json.dumps(keys))
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-rA")
+    assert outcomes(result) == {"passed": 1, "failed": 1}, result.stdout.str()[-3000:]
+    output = result.stdout.str()
+    clean = "maskcheck.reference_models.plain:plain_decoder-vs-module:maskcheck.reference_models.plain_port"
+    assert f"PASSED maskcheck::test_maskcheck[compare-module:{clean}" in output
+    assert "FAILED maskcheck::test_maskcheck[compare-module:maskcheck.reference_models.ports:llama-vs-" in output
+    assert "first differing module: model.layers.0.self_attn.o_proj" in output
+    bundles = list((pytester.path / "maskcheck-report").glob("compare-*/repro-compare-causal-future_tokens"))
+    assert len(bundles) == 1 and (bundles[0] / "test_repro_compare.py").is_file()
+    # left out by a run given test paths: said, as a configured model is
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    targeted = pytester.runpytest_subprocess("-p", "no:xdist", "test_own.py")
+    assert "2 configured models NOT audited" in targeted.stdout.str()
+
+
+def test_a_bad_compare_entry_is_one_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", pyproject='[[tool.maskcheck.compare]]\na = "ref:tiny-decoder"\n')
+    result = pytester.runpytest_subprocess("-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = result.stderr.str()
+    assert 'each compare entry is a table with a = "SPEC" and b = "SPEC"' in errors and "Traceback" not in errors

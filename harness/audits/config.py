@@ -11,7 +11,7 @@ One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*``
 | ``dtype`` | string | float32, bfloat16 or float16 |
 | ``attn_implementation`` | list or comma string | Hugging Face attention backends |
 | ``task`` | string | causal-lm, masked-lm or seq2seq (``hf:`` specs) |
-| ``profile`` | string | dev, ci or thorough |
+| ``profile`` | string | quick, dev, ci or thorough |
 | ``examples`` | int | cases per check (replaces the profile's count) |
 | ``paths`` | list or comma string | call paths every check also runs on (default: all the model can take) |
 | ``seed`` | int | seed for case generation |
@@ -21,6 +21,7 @@ One table serves the CLI and the pytest plugin (which also reads ``maskcheck_*``
 | ``known_findings`` | array of tables | accepted findings, see :class:`KnownFinding` |
 | ``always``, ``require`` | bool | the pytest plugin's ``--maskcheck-always`` and ``--maskcheck-require`` |
 | ``collators`` | list | collators the pytest plugin audits: ``"pkg.mod:factory"`` (causal-lm) or ``{factory = "...", task = "packed"}`` |
+| ``compare`` | array of tables | pairs the pytest plugin compares, see :class:`ComparePair` |
 
 Every problem is a :class:`ConfigError` with a one-line message naming the file.
 """
@@ -61,12 +62,39 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "tolerance": dict,
     "known_findings": list,
     "collators": list,
+    "compare": list,
     "disabled_conventions": list,  # ids of harness/audits/conventions.json entries to report as failures again
     "threads": (str, int),  # the pytest plugin's torch threads per process: auto, keep or N
     "always": bool,  # the pytest plugin: audit the configured models even when test paths are given
     "require": bool,  # the pytest plugin: fail a run meant to audit that leaves a configured model out
 }
 LIST_KEYS = ("models", "suites", "attn_implementation", "paths")
+
+
+@dataclass(frozen=True)
+class ComparePair:
+    """Two implementations the pytest plugin compares (``maskcheck compare A B``), one test a pair::
+
+        [[tool.maskcheck.compare]]
+        a = "hf:./checkpoints/llama"
+        b = "module:mypkg.port:build"
+        weights = "keys.json"   # "same", a JSON file or a table of A's keys -> B's; absent: as built
+        map = "modules.json"    # a JSON file or a table of A's module names -> B's; absent: order and shape
+        suites = ["causal", "kv_cache"]   # absent: compare's defaults
+
+    File paths are relative to the pyproject.toml that names them.
+    """
+
+    a: str
+    b: str
+    weights: str | tuple[tuple[str, str | None], ...] | None = None
+    module_map: str | tuple[tuple[str, str], ...] | None = None
+    suites: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """What its test id says: ``A-vs-B``."""
+        return f"{self.a}-vs-{self.b}"
 
 
 @dataclass(frozen=True)
@@ -134,7 +162,37 @@ def normalise(table: dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f'{where}: [tool.maskcheck.tolerance] must hold tables such as ["cpu.float32"]')
     config["known_findings"] = [known_finding(entry, where) for entry in config.get("known_findings", [])]
     config["collators"] = [collator_entry(entry, where) for entry in config.get("collators", [])]
+    config["compare"] = [compare_entry(entry, where) for entry in config.get("compare", [])]
     return config
+
+
+def compare_entry(entry: Any, where: str) -> ComparePair:
+    """One ``[[tool.maskcheck.compare]]`` table as a :class:`ComparePair`, its file paths made absolute."""
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(side), str) for side in ("a", "b")):
+        raise ConfigError(f'{where}: each compare entry is a table with a = "SPEC" and b = "SPEC"')
+    unknown = sorted(set(entry) - {"a", "b", "weights", "map", "suites"})
+    if unknown:
+        raise ConfigError(
+            f"{where}: compare entry keys {', '.join(unknown)} are not known (a, b, weights, map, suites)"
+        )
+    folder = Path(where).parent
+
+    def names(key: str) -> Any:
+        value = entry.get(key)
+        if value is None or (key == "weights" and value == "same"):
+            return value
+        if isinstance(value, str):
+            return str(folder / value)
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return tuple(value.items())
+        raise ConfigError(f"{where}: compare {key} is a JSON file's path or a table of names to names")
+
+    suites = entry.get("suites", [])
+    if isinstance(suites, str):
+        suites = [part.strip() for part in suites.split(",") if part.strip()]
+    if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
+        raise ConfigError(f"{where}: compare suites is a list of suite names")
+    return ComparePair(entry["a"], entry["b"], names("weights"), names("map"), tuple(suites))
 
 
 def collator_entry(entry: Any, where: str) -> tuple[str, str]:

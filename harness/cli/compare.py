@@ -66,19 +66,6 @@ def add_parser(sub: Any) -> None:
     )
 
 
-def _json_option(value: str | None, what: str) -> Any:
-    if value is None:
-        return None
-    text = Path(value).read_text() if Path(value).is_file() else value
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{what} is neither a JSON file nor inline JSON: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{what} must be a JSON object of names to names")
-    return parsed
-
-
 def draw_first_parting(result: Any, path: str) -> str | None:
     from ..compare.picture import draw_parting
 
@@ -95,7 +82,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..adapters.specs import LoadOptions, SpecError, load_adapter
     from ..compare.render import render_comparison
     from ..compare.run import CompareError, compare
-    from ..compare.weights import WeightsMismatch
+    from ..compare.weights import WeightsMismatch, name_map
     from ..engine.registry import UnknownSuiteError
     from .quiet import quiet_transformers
 
@@ -105,12 +92,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if len(attn) > 2:
             raise ValueError("--attn-implementation takes one backend or two (A's,B's)")
         attn_a, attn_b = attn[0], attn[-1]
-        module_map = _json_option(args.module_map, "--map")
+        module_map = name_map(args.module_map, "--map")
         weights: Any = False
         if args.weights == "same":
             weights = True
         elif args.weights is not None:
-            weights = _json_option(args.weights, "--weights")
+            weights = name_map(args.weights, "--weights")
         a = load_adapter(args.spec_a, LoadOptions(device=args.device, dtype=args.dtype, attn_implementation=attn_a))
         b = load_adapter(args.spec_b, LoadOptions(device=args.device, dtype=args.dtype, attn_implementation=attn_b))
         result = compare(

@@ -11,7 +11,9 @@ with what they are tied to.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +25,24 @@ KeyMapping = Mapping[str, str | None] | Callable[[str], str | None]
 
 class WeightsMismatch(ValueError):
     """A's tensors and B's parameters do not correspond one to one under the mapping."""
+
+
+def name_map(value: Any, what: str) -> dict[str, Any] | None:
+    """A mapping of names given as a JSON file's path, inline JSON or pairs (``--weights``,
+    ``--map``, a configured pair's ``weights`` and ``map``); ValueError says which in one line."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, tuple):
+        return dict(value)
+    path = Path(value)
+    text = path.read_text() if path.is_file() else value
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{what} is neither a JSON file nor inline JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{what} must be a JSON object of names to names")
+    return parsed
 
 
 def mapped_name(mapping: KeyMapping | None, name: str) -> str | None:

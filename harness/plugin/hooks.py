@@ -21,7 +21,13 @@ Settings, command line first, then ``[tool.pytest.ini_options]``, then ``[tool.m
 | ``--maskcheck-always`` | ``maskcheck_always`` | off: ``pytest PATH`` runs only that path |
 | ``--maskcheck-require`` | ``maskcheck_require`` | off: a configured model left unaudited is one red summary line, not an error |
 
-Configured models join runs without test paths (``pytest``, ``pytest -n auto``). When a
+``[[tool.maskcheck.compare]]`` pairs (``a``, ``b``, ``weights``, ``map``, ``suites``; see
+:class:`maskcheck.harness.audits.config.ComparePair`) add one test each,
+``maskcheck::test_maskcheck[compare-A-vs-B]``: ``maskcheck compare A B`` under the run's
+profile, device and dtype, failing where B parts from A, with its reproductions in the
+report directory's ``compare-A-vs-B/``.
+
+Configured models and pairs join runs without test paths (``pytest``, ``pytest -n auto``). When a
 run names paths (``pytest tests/``) they are left out unless ``--maskcheck-always``; the
 terminal summary then says, in one red line, which configured models were not audited
 and why (paths, ``-k``/``-m``, an interrupted run); ``--maskcheck-require`` makes that a
@@ -125,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     testing.RUN_ID = new_run_id()
     ledger = None
-    if models(config):
+    if models(config) or pairs(config):
         validate_settings(config)
         ledger = new_ledger(config)
     config.pluginmanager.register(RunTracker(config, ledger), "maskcheck-run-tracker")
@@ -187,15 +193,24 @@ def _ini_set(config: pytest.Config, ini: str) -> bool:
 def new_ledger(config: pytest.Config) -> Any:
     from . import testing
     from .run_report import RunLedger
+    from .testing import compare_slug
 
     chosen = suites(config)
     ledger = RunLedger(testing.RUN_ID, run_options(config).report_dir, collected=collects_configured(config))
     ledger.configured = {entry.name: (entry.slug, chosen) for entry in models(config)}
+    for pair in pairs(config):  # its test is node_id("compare", name): said in the summary when left out
+        ledger.configured[pair.name] = (compare_slug(pair), ["compare"])
     return ledger
 
 
 def collects_configured(config: pytest.Config) -> bool:
-    """Configured models join runs without test paths, or any run with --maskcheck-model/--maskcheck-always."""
+    """``[[tool.maskcheck.compare]]`` pairs (``a``, ``b``, ``weights``, ``map``, ``suites``; see
+    :class:`maskcheck.harness.audits.config.ComparePair`) add one test each,
+    ``maskcheck::test_maskcheck[compare-A-vs-B]``: ``maskcheck compare A B`` under the run's
+    profile, device and dtype, failing where B parts from A, with its reproductions in the
+    report directory's ``compare-A-vs-B/``.
+
+    Configured models and pairs join runs without test paths, or any run with --maskcheck-model/--maskcheck-always."""
     if config.getoption("maskcheck_models") or flag(config, "always"):
         return True
     return config.args_source != pytest.Config.ArgsSource.ARGS
@@ -246,6 +261,11 @@ def models(config: pytest.Config) -> list[Any]:
     for entry in entries:
         unique.setdefault(entry.name, entry)
     return list(unique.values())
+
+
+def pairs(config: pytest.Config) -> list[Any]:
+    """The configured pairs to compare (``[[tool.maskcheck.compare]]``)."""
+    return list(_tool_config(config).get("compare", []))
 
 
 def chosen_suites(config: pytest.Config) -> list[str]:
@@ -348,6 +368,22 @@ class MaskcheckItem(VerdictItem):
         return self.path, None, f"maskcheck {self.suite} on {self.entry.name}"
 
 
+class CompareItem(VerdictItem):
+    """``maskcheck compare`` of one configured pair, every suite compared in one test."""
+
+    def __init__(self, *, pair: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pair = pair
+
+    def runtest(self) -> None:
+        from .testing import run_compare_test
+
+        run_compare_test(self.pair, run_options(self.config))
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"maskcheck compare {self.pair.a} {self.pair.b}"
+
+
 class CollatorItem(VerdictItem):
     """The collator checks of one task against one collator factory."""
 
@@ -385,6 +421,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for entry in models(config)
         for suite in suites(config)
         for name in [f"test_maskcheck[{suite}-{entry.name}]"]
+    ]
+    added += [
+        CompareItem.from_parent(session, name=name, nodeid=f"maskcheck::{name}", pair=pair)
+        for pair in pairs(config)
+        for name in [f"test_maskcheck[compare-{pair.name}]"]
     ]
     added += [
         CollatorItem.from_parent(session, name=name, nodeid=f"maskcheck::{name}", factory=factory, task=task)
@@ -431,7 +472,9 @@ class RunTracker:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.ledger is not None:  # without xdist this process collected the selected tests
-            self.ledger.selected.update(item.nodeid for item in session.items if isinstance(item, MaskcheckItem))
+            self.ledger.selected.update(
+                item.nodeid for item in session.items if isinstance(item, (MaskcheckItem, CompareItem))
+            )
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

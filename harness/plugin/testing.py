@@ -218,6 +218,51 @@ def run_collator_test(factory: str, task: str, options: RunOptions) -> Any:
     return result
 
 
+def compare_slug(pair: Any) -> str:
+    """The report directory of a configured pair, named as a model's is."""
+    return ModelEntry(f"compare-{pair.name}", pair.a).slug
+
+
+def run_compare_test(pair: Any, options: RunOptions) -> Any:
+    """``maskcheck compare`` of one configured pair (:class:`~maskcheck.harness.audits.config.ComparePair`);
+    fail the calling test where B parts from A, errs, or nothing was compared. Both models are
+    built for this test alone: B is given A's weights, which must not reach another test's model."""
+    from ..compare.run import CompareError, compare
+    from ..compare.weights import WeightsMismatch, name_map
+    from ..engine.registry import UnknownSuiteError
+    from .host_state import as_guest
+
+    folder = (options.report_dir or Path("maskcheck-report")) / compare_slug(pair)
+    try:
+        weights: Any = True if pair.weights == "same" else name_map(pair.weights, "weights") or False
+        module_map = name_map(pair.module_map, "map")
+        with as_guest():
+            a, b = (load(ModelEntry.of(spec), options) for spec in (pair.a, pair.b))
+            result = compare(
+                a,
+                b,
+                list(pair.suites) or None,
+                profile=options.profile,
+                seed=options.seed,
+                examples=options.examples,
+                module_map=module_map,
+                weights=weights,
+                bundle_dir=folder,
+            )
+    except (CompareError, WeightsMismatch, UnknownSuiteError, ValueError, OSError) as exc:
+        raise MaskcheckFailure(f"maskcheck compare {pair.a} {pair.b}: {exc}") from None
+    except Exception as exc:  # a model that cannot be built or called: the pair's failure, in one line
+        raise MaskcheckFailure(f"maskcheck compare {pair.a} {pair.b}: {type(exc).__name__}: {exc}") from None
+    from ..report.render import write_json
+
+    write_json(folder / "compare.json", result.to_dict())
+    if result.exit_code == 2:
+        raise MaskcheckFailure(f"maskcheck compare {pair.a} {pair.b} compared nothing:\n{result}")
+    if result.exit_code:
+        raise MaskcheckFailure(str(result))
+    return result
+
+
 def verdict_text(result: Any) -> str:
     from ..report.render import STATUS_MARK, case_lines, how_to_reproduce
 
