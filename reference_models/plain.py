@@ -32,6 +32,17 @@ class LayerCache:
     values: Tensor | None = None  # [B, H, T_so_far, D]
     real: Tensor | None = None  # [B, T_so_far] bool: the cached keys that are real tokens
 
+    def append(self, keys: Tensor, values: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Append the new tokens' ``keys``, ``values`` ``[B, H, T, D]`` and ``real [B, T]``;
+        returns everything cached now, the new tokens last."""
+        real = real.bool()
+        if self.keys is not None:
+            assert self.values is not None and self.real is not None
+            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+            real = torch.cat([self.real, real], dim=1)
+        self.keys, self.values, self.real = keys, values, real
+        return keys, values, real
+
 
 @dataclass
 class PlainCache:
@@ -63,18 +74,34 @@ class PlainLayer(nn.Module):
         batch, length, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)  # each [B, T, C]
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        real = real.bool()
-        if cache.keys is not None:
-            assert cache.values is not None and cache.real is not None
-            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)  # [B, H, T_so_far + T, D]
-            real = torch.cat([cache.real, real], dim=1)  # [B, T_so_far + T]
-        cache.keys, cache.values, cache.real = k, v, real
+        k, v, real = cache.append(k, v, real)  # [B, H, T_so_far + T, D] twice, [B, T_so_far + T]
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask(real, length))  # [B, H, T, D]
         x = x + self.out(attended.transpose(1, 2).reshape(batch, length, width))  # [B, T, C]
         return x + self.mlp(self.norm2(x))
 
 
 KeyMask = Callable[[Tensor, int], Tensor]
+
+
+def plain_capabilities(vocab_size: int, max_length: int, layers: int) -> dict:
+    """What the plain decoder (and a port of it) declares to maskcheck."""
+    return {
+        "family": "decoder",
+        "vocab_size": vocab_size,
+        "max_length": max_length,
+        "n_layers": layers,
+        "has_cache": True,
+        "derives_positions_from_mask": True,
+        "pad_token_id": 0,
+    }
+
+
+def advance_positions(new: Tensor, cache: PlainCache) -> Tensor:
+    """``[B, n]`` positions of the appended tokens (``new [B, n]`` 1 at real ones), counted
+    over real tokens from where the cache left off; the cache's count moves past them."""
+    start = torch.zeros_like(new[:, 0]) if cache.next_position is None else cache.next_position  # [B]
+    cache.next_position = start + new.sum(-1)
+    return start[:, None] + (new.cumsum(-1) - 1).clamp(min=0)  # [B, n]
 
 
 class PlainDecoder(nn.Module):
@@ -87,15 +114,7 @@ class PlainDecoder(nn.Module):
         self.layers = nn.ModuleList(PlainLayer(width, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab_size, bias=False)
-        self.maskcheck_capabilities = {
-            "family": "decoder",
-            "vocab_size": vocab_size,
-            "max_length": max_length,
-            "n_layers": layers,
-            "has_cache": True,
-            "derives_positions_from_mask": True,
-            "pad_token_id": 0,
-        }
+        self.maskcheck_capabilities = plain_capabilities(vocab_size, max_length, layers)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.prefill(input_ids, attention_mask)[0]
@@ -106,7 +125,7 @@ class PlainDecoder(nn.Module):
         """``cache``: an emptied cache (``reset``) to fill instead of a new one."""
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
         if cache is None:
-            cache = PlainCache([LayerCache() for _ in self.layers])
+            cache = PlainCache([LayerCache() for _ in range(self.maskcheck_capabilities["n_layers"])])
         return self._run(input_ids, mask, cache, allowed_keys)
 
     def step(self, cache: PlainCache, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, PlainCache]:
@@ -160,12 +179,9 @@ class PlainDecoder(nn.Module):
 
     def _run(self, ids: Tensor, new: Tensor, cache: PlainCache, key_mask: KeyMask) -> tuple[Tensor, PlainCache]:
         """``new [B, n]`` 1 at real tokens among ``ids``; positions continue the cache's count."""
-        start = torch.zeros_like(new[:, 0]) if cache.next_position is None else cache.next_position  # [B]
-        positions = start[:, None] + (new.cumsum(-1) - 1).clamp(min=0)  # [B, n]
-        x = self.embed(ids) + self.position(positions)  # [B, n, C]
+        x = self.embed(ids) + self.position(advance_positions(new, cache))  # [B, n, C]
         for layer, layer_cache in zip(self.layers, cache.layers):
             x = layer(x, new, layer_cache, key_mask)
-        cache.next_position = start + new.sum(-1)
         return self.head(self.norm(x)), cache
 
 

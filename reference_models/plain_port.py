@@ -21,7 +21,7 @@ import re
 import torch
 from torch import Tensor, nn
 
-from .plain import KeyMask, LayerCache, PlainCache, PlainDecoder, allowed_keys
+from .plain import KeyMask, LayerCache, PlainCache, PlainDecoder, advance_positions, plain_capabilities
 
 
 class PortedAttention(nn.Module):
@@ -36,12 +36,7 @@ class PortedAttention(nn.Module):
         batch, length, width = x.shape
         q, k, v = self.c_attn(x).split(width, dim=-1)  # each [B, T, C]
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        real = real.bool()
-        if cache.keys is not None:
-            assert cache.values is not None and cache.real is not None
-            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)  # [B, H, T_so_far + T, D]
-            real = torch.cat([cache.real, real], dim=1)  # [B, T_so_far + T]
-        cache.keys, cache.values, cache.real = k, v, real
+        k, v, real = cache.append(k, v, real)  # [B, H, T_so_far + T, D] twice, [B, T_so_far + T]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, T, T_so_far + T]
         scores = scores.masked_fill(~key_mask(real, length), float("-inf"))  # every query keeps one key
         attended = scores.softmax(dim=-1) @ v  # [B, H, T, D]
@@ -84,31 +79,12 @@ class PortedPlainDecoder(PlainDecoder):
         self.h = nn.ModuleList(PortedBlock(width, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
         self.lm_head = nn.Linear(width, vocab_size, bias=False)
-        self.maskcheck_capabilities = {
-            "family": "decoder",
-            "vocab_size": vocab_size,
-            "max_length": max_length,
-            "n_layers": layers,
-            "has_cache": True,
-            "derives_positions_from_mask": True,
-            "pad_token_id": 0,
-        }
-
-    def prefill(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: PlainCache | None = None
-    ) -> tuple[Tensor, PlainCache]:
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-        if cache is None:
-            cache = PlainCache([LayerCache() for _ in self.h])
-        return self._run(input_ids, mask, cache, allowed_keys)
+        self.maskcheck_capabilities = plain_capabilities(vocab_size, max_length, layers)
 
     def _run(self, ids: Tensor, new: Tensor, cache: PlainCache, key_mask: KeyMask) -> tuple[Tensor, PlainCache]:
-        start = torch.zeros_like(new[:, 0]) if cache.next_position is None else cache.next_position  # [B]
-        positions = start[:, None] + (new.cumsum(-1) - 1).clamp(min=0)  # [B, n]
-        x = self.wte(ids) + self.wpe(positions)  # [B, n, C]
+        x = self.wte(ids) + self.wpe(advance_positions(new, cache))  # [B, n, C]
         for block, layer_cache in zip(self.h, cache.layers):
             x = block(x, new, layer_cache, key_mask)
-        cache.next_position = start + new.sum(-1)
         return self.lm_head(self.ln_f(x)), cache
 
 

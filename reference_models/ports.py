@@ -96,26 +96,26 @@ def _without_window(seed: int) -> Any:
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
-def _with_norm(seed: int) -> Any:
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+def _with_forward(seed: int, module_class: str, port_name: str, forward: Callable) -> Any:
+    """The tiny Llama whose every ``module_class`` module (of ``modeling_llama``) runs ``forward``,
+    through a subclass named ``port_name``: one computation ported, everything else Llama's."""
+    from transformers.models.llama import modeling_llama
 
-    port = type("LlamaRMSNormEpsOutsideSqrt", (LlamaRMSNorm,), {"forward": _eps_outside_sqrt})
+    original = getattr(modeling_llama, module_class)
+    port = type(port_name, (original,), {"forward": forward})
     model = tiny_model("llama", "eager", seed=seed)
     for module in model.modules():
-        if type(module) is LlamaRMSNorm:
+        if type(module) is original:
             module.__class__ = port
     return model
+
+
+def _with_norm(seed: int) -> Any:
+    return _with_forward(seed, "LlamaRMSNorm", "LlamaRMSNormEpsOutsideSqrt", _eps_outside_sqrt)
 
 
 def _with_rotary_backwards(seed: int) -> Any:
-    from transformers.models.llama.modeling_llama import LlamaAttention
-
-    port = type("LlamaAttentionRotaryWrongHalf", (LlamaAttention,), {"forward": _rotated_backwards})
-    model = tiny_model("llama", "eager", seed=seed)
-    for module in model.modules():
-        if type(module) is LlamaAttention:
-            module.__class__ = port
-    return model
+    return _with_forward(seed, "LlamaAttention", "LlamaAttentionRotaryWrongHalf", _rotated_backwards)
 
 
 #: divergence -> (A's tiny model, how B is built; B is then given A's weights)

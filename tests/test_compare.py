@@ -112,12 +112,12 @@ def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_it
         assert found[compared].status == "pass", found[compared].message
 
 
-def test_the_cli_loads_a_port_s_weights_from_a_json_key_map(tmp_path, capsys):
+def test_the_cli_loads_a_port_s_weights_from_the_shipped_json_key_map(tmp_path, capsys):
     from maskcheck.reference_models.plain import PlainDecoder
     from maskcheck.reference_models.plain_port import port_key
 
-    mapping = tmp_path / "keys.json"
-    mapping.write_text(json.dumps({name: port_key(name) for name in PlainDecoder().state_dict()}))
+    mapping = Path(__file__).resolve().parent.parent / "examples" / "plain-port-keys.json"
+    assert json.loads(mapping.read_text()) == {name: port_key(name) for name in PlainDecoder().state_dict()}
     code = cli_main(
         ["compare", "module:maskcheck.reference_models.plain:plain_decoder",
          "module:maskcheck.reference_models.plain_port:ported_plain_decoder",

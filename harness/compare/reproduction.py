@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,13 @@ from torch import Tensor
 from ..adapters.base import Adapter, Batch
 from ..adapters.memo import forward_memo
 from ..engine.tolerance import Tolerance, compare_logits
-from ..report.reproduction import BundleError, adapter_for_replay, model_record, parameters_hash
+from ..report.reproduction import (
+    BundleError,
+    adapter_for_replay,
+    model_record,
+    parameters_hash,
+    write_folder_atomically,
+)
 from .layers import FirstDifference
 from .paired import Operation, Parting, replay
 from .weights import load_weights
@@ -80,19 +83,13 @@ def write_parting(
         "first_module": None if located is None else located.describe(),
         "tolerance": dataclasses.asdict(tolerance),
     }
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         (staging / PARTING_FILE).write_text(json.dumps(data, indent=2) + "\n")
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(staging / INPUTS_FILE))
         (staging / TEST_FILE).write_text(test_source(data))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return directory
+
+    return write_folder_atomically(directory, fill)
 
 
 def _tensor(key: str, value: Tensor, tensors: dict[str, Tensor]) -> dict[str, str]:

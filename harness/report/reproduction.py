@@ -281,12 +281,23 @@ def write_bundle(
     from ..engine.registry import maskcheck_version
 
     data["maskcheck_version"] = maskcheck_version()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         (staging / CASE_FILE).write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
         save_file(recorder.tensors, str(staging / INPUTS_FILE), metadata={"suite": suite.name})
         (staging / f"test_repro_{suite.name}.py").write_text(repro_test_source(data))
+
+    return write_folder_atomically(directory, fill)
+
+
+def write_folder_atomically(directory: Path, fill: Any) -> Path:
+    """``fill(staging)`` writes a folder's files into a staging folder beside ``directory``,
+    which then replaces ``directory`` whole: a reader never sees half a bundle, and a bundle
+    whose writing failed leaves the previous one in place."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        fill(staging)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)
