@@ -8,7 +8,9 @@
 # 2. the overhead benchmark of both models in bfloat16 (the dtype people deploy) and
 #    float32, timed with a synchronize after every forward;
 # 3. the ci-profile audit of the tiny reference model and of the GPT-2-small shape in
-#    bfloat16 and float16, as JSON reports.
+#    bfloat16 and float16, as JSON reports, and the quick profile's audit of the latter;
+# 4. maskcheck compare of the GPT-2-small shape's eager and sdpa backends in bfloat16 and
+#    float16 (the kernel swap people make on a GPU), as JSON.
 #
 # It uses the machine's own python3 (PYTHON overrides it) with torch, transformers,
 # hypothesis, safetensors and matplotlib, as the lent H200 image has them; about five
@@ -37,5 +39,7 @@ step() {
     for dtype in bfloat16 float16; do
         step "$python" -m maskcheck audit ref:tiny-decoder --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-ref-tiny-decoder-$dtype.json"
         step "$python" -m maskcheck audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile ci -q --json "$out/audit-gpt2-small-$dtype.json"
+        step "$python" -m maskcheck audit hf:/tmp/gpt2-small --device cuda --dtype "$dtype" --profile quick -q --json "$out/audit-gpt2-small-quick-$dtype.json"
+        step "$python" -m maskcheck compare hf:/tmp/gpt2-small hf:/tmp/gpt2-small --attn-implementation eager,sdpa --device cuda --dtype "$dtype" --report "$out/compare-$dtype" --json "$out/compare-gpt2-small-eager-sdpa-$dtype.json"
     done
 } 2>&1 | tee "$out/gpu-check.log"
