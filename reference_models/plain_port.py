@@ -88,6 +88,16 @@ class PortedPlainDecoder(PlainDecoder):
         return self.lm_head(self.ln_f(x)), cache
 
 
+class TrainingForwardIgnoresPadding(PortedPlainDecoder):
+    """The port with a training-only fast path that forgets the padding mask (every token
+    real), as a kernel chosen for training can: in eval mode it is the original."""
+
+    def prefill(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: PlainCache | None = None
+    ) -> tuple[Tensor, PlainCache]:
+        return super().prefill(input_ids, None if self.training else attention_mask, cache)
+
+
 #: the original's module names -> the port's (``N``: a layer's index)
 RENAMED = {
     "embed": "wte",
@@ -118,3 +128,9 @@ def ported_plain_decoder(seed: int = 1) -> PortedPlainDecoder:
     """The port, seeded apart from the original so that only loaded weights can make them agree."""
     torch.manual_seed(seed)
     return PortedPlainDecoder().eval()
+
+
+def ported_plain_decoder_training_ignores_padding(seed: int = 1) -> TrainingForwardIgnoresPadding:
+    """The port whose training forward ignores the padding mask (a seeded divergence for compare)."""
+    torch.manual_seed(seed)
+    return TrainingForwardIgnoresPadding().eval()

@@ -95,6 +95,7 @@ def test_a_seeded_divergence_is_found_at_its_module(divergence, module, length):
         assert {t for _, t in failed.first_difference.positions} == {1}
 
 
+@pytest.mark.call_paths
 def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_its_weights():
     """The clean pair of renamed modules: GPT-2's names and attention written out by hand."""
     from maskcheck.reference_models.plain import plain_decoder
@@ -110,6 +111,30 @@ def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_it
     found = checks(result)
     for compared in [("padding", "padded_vs_unpadded"), ("kv_cache", "incremental"), ("serving", "beam_reorder")]:
         assert found[compared].status == "pass", found[compared].message
+    assert "agrees on the bare_call, mask_of_ones, training path(s) too" in found[("kv_cache", "incremental")].message
+
+
+@pytest.mark.call_paths
+def test_a_port_whose_training_forward_ignores_padding_parts_only_on_the_training_path(tmp_path):
+    """The call paths users run, compared: eval mode agrees, the training forward does not."""
+    from maskcheck.reference_models.plain import PlainDecoder, plain_decoder
+    from maskcheck.reference_models.plain_port import (
+        port_key,
+        ported_plain_decoder,
+        ported_plain_decoder_training_ignores_padding,
+    )
+
+    keys = {name: port_key(name) for name in PlainDecoder().state_dict()}
+    a, b = plain_decoder(), ported_plain_decoder_training_ignores_padding()
+    found = checks(compare(a, b, ["padding"], profile="dev", weights=keys, bundle_dir=tmp_path))
+    parted = found[("padding", "batch_composition")]
+    assert parted.status == "fail" and parted.message.startswith("on the training path: B parts from A"), parted
+    # positions are counted over real tokens: a forward that forgets the mask parts at the position table
+    assert parted.first_difference is not None and parted.first_difference.b_name == "wpe"
+    assert parted.reproduction is not None
+    assert json.loads((Path(parted.reproduction) / "parting.json").read_text())["path"] == "training"
+    assert replay_parting(parted.reproduction, a=a, b=b).status == "fail"
+    assert replay_parting(parted.reproduction, a=a, b=ported_plain_decoder()).status == "pass"
 
 
 def test_the_cli_loads_a_port_s_weights_from_the_shipped_json_key_map(tmp_path, capsys):

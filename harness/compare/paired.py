@@ -50,6 +50,7 @@ class Parting:
     history: list[Operation]
     where: Tensor  # [B, T] the compared positions of the call
     offset: int = 0  # the call's first position in its sequence
+    path: str = "canonical"  # the call path both made it on (harness/adapters/paths.py)
 
     @property
     def ratio(self) -> float:
@@ -126,6 +127,10 @@ class PairedAdapter:
             self.a.with_cache_implementation(name), self.b.with_cache_implementation(name), self.recorder
         )
 
+    def on_path(self, path: Any) -> "PairedAdapter":
+        """A and B both calling their models on ``path`` (the training forward, the default cache, ...)."""
+        return PairedAdapter(self.a.on_path(path), self.b.on_path(path), self.recorder)
+
     # -- calls compared ------------------------------------------------------------------
 
     def _judge(
@@ -150,7 +155,9 @@ class PairedAdapter:
         if comparison.max_diff > threshold:
             positions = [[b, t + offset] for b, t in comparison.positions_over(threshold)]
             self.recorder.partings.append(
-                Parting(what, comparison.max_diff, floor, threshold, positions, history, where, offset)
+                Parting(
+                    what, comparison.max_diff, floor, threshold, positions, history, where, offset, self.a.path.name
+                )
             )
 
     def _on_b(self, call: Callable[[], Any]) -> Any:

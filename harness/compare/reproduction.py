@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..adapters.base import Adapter, Batch
 from ..adapters.memo import forward_memo
+from ..adapters.paths import CANONICAL, PATHS
 from ..engine.tolerance import Tolerance, compare_logits
 from ..report.reproduction import (
     BundleError,
@@ -76,6 +77,7 @@ def write_parting(
         "dtype": dtype,
         "weights": None if weights is False else ("same" if weights is True else dict(weights)),
         "what": parting.what,
+        "path": parting.path,
         "operations": [_encoded_operation(i, op, tensors) for i, op in enumerate(parting.history)],
         "where": _tensor("where", parting.where, tensors),
         "offset": parting.offset,
@@ -159,6 +161,9 @@ def replay_models(
     first = adapter_for_replay({**common, "model": data["a"]}, a, device)
     second = adapter_for_replay({**common, "model": data["b"]}, b, device)
     notes = [note for note in (getattr(first, "replay_note", None),) if note]
+    path = PATHS[data.get("path", CANONICAL.name)]
+    if path != CANONICAL:
+        first, second = first.on_path(path), second.on_path(path)
     mapping = data.get("weights")
     if mapping is not None:
         load_weights(first.model, second.model, None if mapping == "same" else mapping)

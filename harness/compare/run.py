@@ -20,9 +20,17 @@ from typing import Any
 from ..adapters.memo import forward_memo
 from ..adapters.specs import adapter_for, load_adapter
 from ..engine.batching import run_alone
-from ..engine.profiles import check_profile, examples_of
+from ..engine.profiles import check_profile, examples_of, path_examples_of
 from ..engine.registry import load_suite
-from ..engine.suite import Check, CheckResult, RunContext, case_to_dict, run_check
+from ..engine.suite import (
+    Check,
+    CheckResult,
+    RunContext,
+    case_to_dict,
+    informative_cases,
+    replay_first,
+    run_check_keeping_cases,
+)
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..report.reproduction import BundleError
 from .layers import FirstDifference, first_difference, module_outputs, relative_tolerance
@@ -149,7 +157,8 @@ def compare(
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
         profile=profile,
-        paths=(),
+        paths=None,  # every path A and B share (shared_paths)
+        path_examples=path_examples_of(profile, examples if examples is not None else examples_of(profile)),
         batch_cases=False,
     )
     recorder = Recorder(tolerance, caps.dtype)
@@ -205,12 +214,68 @@ def compare_suite(
     except Exception as exc:  # noqa: BLE001 - one suite that cannot plan its checks stops no other
         result.checks.append(CheckComparison("setup", "error", f"{type(exc).__name__}: {exc}"))
         return result
+    write = reproduce and partial(reproduce, name)
+    on_paths = shared_paths(suite, paired, context)
     for check in checks:
         if isinstance(check, CheckResult):
             result.checks.append(CheckComparison(check.name, check.status, check.message))
             continue
-        result.checks.append(compare_check(check, paired, context, module_map, reproduce and partial(reproduce, name)))
+        evaluated: list = []
+        compared_check = compare_check(check, paired, context, module_map, write, seen=evaluated)
+        if compared_check.status == "pass" and check.on_paths and evaluated:
+            replayed = informative_cases(
+                [case for case, _ in evaluated], context.path_examples, longest=suite.long_rows_on_paths
+            )
+            compared_check = on_other_paths(compared_check, check.name, on_paths, module_map, write, replayed)
+        result.checks.append(compared_check)
     return result
+
+
+def shared_paths(suite: Any, paired: PairedAdapter, context: RunContext) -> list[tuple[str, Any]]:
+    """``(path, the suite's checks by name there)`` for each call path besides the canonical one
+    that A and B can both take (the float32 twin is an audit's, not a comparison's); a path the
+    suite cannot plan on is left out with the rest of A's own."""
+    if not getattr(suite, "call_paths", False) or context.path_examples <= 0:
+        return []
+    theirs = {p.path.name: p.reason for p in paired.b.paths()}
+    planned = []
+    for available in paired.a.paths():
+        path = available.path
+        if path.twin or available.reason is not None or theirs.get(path.name, "absent") is not None:
+            continue
+        on_path = replace(context, examples=context.path_examples, decided={}, drawn={})
+        pair = paired.on_path(path)
+        try:
+            checks = {c.name: c for c in suite.checks(pair, on_path) if isinstance(c, Check)}
+        except Exception:  # noqa: BLE001 - what the suite cannot plan on a path, its audit says
+            continue
+        planned.append((path.name, (pair, on_path, checks, context.examples)))
+    return planned
+
+
+def on_other_paths(
+    canonical: CheckComparison,
+    name: str,
+    on_paths: list[tuple[str, Any]],
+    module_map: Any,
+    write: Any,
+    replayed: list,
+) -> CheckComparison:
+    """A check that agrees on the canonical path, compared again on each shared path on the
+    canonical cases that exercise it most (``replayed``, as an audit's paths replay them): the
+    first path where B parts from A (or errs) gives the result, its message naming the path."""
+    compared_on = []
+    for path, (pair, context, checks, shrink_examples) in on_paths:
+        if name not in checks:
+            continue
+        found = compare_check(checks[name], pair, context, module_map, write, replay=(replayed, shrink_examples))
+        if found.status in ("fail", "error"):
+            return replace(found, message=f"on the {path} path: {found.message}", cases=canonical.cases)
+        if found.status == "pass":
+            compared_on.append(path)
+    if compared_on:
+        canonical.message += f"; agrees on the {', '.join(compared_on)} path(s) too"
+    return canonical
 
 
 def compared(check: Check, paired: PairedAdapter) -> Check:
@@ -236,11 +301,20 @@ def compare_check(
     context: RunContext,
     module_map: Any,
     reproduce: Callable[[str, Parting, FirstDifference | None], str] | None = None,  # Reproduce, its suite given
+    seen: list | None = None,
+    replay: tuple[list, int] | None = None,
 ) -> CheckComparison:
+    """``check`` compared on its drawn cases (``seen`` receives them, each with its call log),
+    or with ``replay`` = (cases, examples) on those cases, a failure shrunk with that many draws."""
     recorder = paired.recorder
     recorder.start_check()
     try:
-        checked, cases, failure = run_check(compared(check, paired), context)
+        if replay is None:
+            checked, cases, failure, evaluated = run_check_keeping_cases(compared(check, paired), context)
+            if seen is not None:
+                seen.extend(evaluated)
+        else:
+            checked, cases, failure = replay_first(compared(check, paired), context, replay[0], replay[1])
     except Exception as exc:  # noqa: BLE001 - one check's error stops no other
         return CheckComparison(check.name, "error", f"{type(exc).__name__}: {exc}")
     if failure is None and checked.status == "pass":
