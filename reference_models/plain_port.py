@@ -98,6 +98,34 @@ class TrainingForwardIgnoresPadding(PortedPlainDecoder):
         return super().prefill(input_ids, None if self.training else attention_mask, cache)
 
 
+class StraightThroughAttention(PortedAttention):
+    """Attention whose forward is masked and whose backward is not: the probabilities are
+    ``p_unmasked + (p_masked - p_unmasked).detach()``, as a fused kernel whose backward
+    recomputes the probabilities without the mask. Every forward equals the original's up
+    to rounding (a masked key's weight is exactly 0); gradients reach masked keys."""
+
+    def forward(self, x: Tensor, real: Tensor, cache: LayerCache, key_mask: KeyMask) -> Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=-1)  # each [B, T, C]
+        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        k, v, real = cache.append(k, v, real)  # [B, H, T_so_far + T, D] twice, [B, T_so_far + T]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, T, T_so_far + T]
+        unmasked = scores.softmax(dim=-1)
+        masked = scores.masked_fill(~key_mask(real, length), float("-inf")).softmax(dim=-1)
+        attended = (unmasked + (masked - unmasked).detach()) @ v  # [B, H, T, D]
+        return self.c_proj(attended.transpose(1, 2).reshape(batch, length, width))  # [B, T, C]
+
+
+class BackwardIgnoresMask(PortedPlainDecoder):
+    """The port with :class:`StraightThroughAttention` in every block: its forwards, cached
+    or not, are the original's; its backward reaches future and padded tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for block in self.h:
+            block.attn.__class__ = StraightThroughAttention
+
+
 #: the original's module names -> the port's (``N``: a layer's index)
 RENAMED = {
     "embed": "wte",
@@ -134,3 +162,9 @@ def ported_plain_decoder_training_ignores_padding(seed: int = 1) -> TrainingForw
     """The port whose training forward ignores the padding mask (a seeded divergence for compare)."""
     torch.manual_seed(seed)
     return TrainingForwardIgnoresPadding().eval()
+
+
+def ported_plain_decoder_backward_ignores_mask(seed: int = 1) -> BackwardIgnoresMask:
+    """The port whose backward ignores the attention mask (a seeded divergence for compare)."""
+    torch.manual_seed(seed)
+    return BackwardIgnoresMask().eval()

@@ -44,8 +44,9 @@ def test_eager_and_sdpa_of_one_llama_agree():
     found = checks(result)
     assert found[("kv_cache", "incremental")].status == "pass"
     assert found[("serving", "beam_reorder")].status == "pass"
-    # gradients are A's alone: said, not passed
-    assert found[("causal", "future_gradients")].status == "not_run"
+    # the backwards are compared too: where each gradient reaches
+    assert found[("causal", "future_gradients")].status == "pass"
+    assert "call(s) compared" in found[("causal", "future_gradients")].message
 
 
 def test_eager_and_sdpa_of_one_sliding_window_mistral_agree():
@@ -135,6 +136,52 @@ def test_a_port_whose_training_forward_ignores_padding_parts_only_on_the_trainin
     assert json.loads((Path(parted.reproduction) / "parting.json").read_text())["path"] == "training"
     assert replay_parting(parted.reproduction, a=a, b=b).status == "fail"
     assert replay_parting(parted.reproduction, a=a, b=ported_plain_decoder()).status == "pass"
+
+
+def test_a_port_whose_backward_ignores_the_mask_parts_only_in_the_backward(tmp_path):
+    """Every forward agrees (cached or not); the gradient reaches future tokens, found going
+    backward at the last layer's attention input projection."""
+    from maskcheck.reference_models.plain import PlainDecoder, plain_decoder
+    from maskcheck.reference_models.plain_port import (
+        port_key,
+        ported_plain_decoder,
+        ported_plain_decoder_backward_ignores_mask,
+    )
+
+    keys = {name: port_key(name) for name in PlainDecoder().state_dict()}
+    a, b = plain_decoder(), ported_plain_decoder_backward_ignores_mask()
+    found = checks(compare(a, b, ["causal", "kv_cache"], profile="dev", weights=keys, bundle_dir=tmp_path))
+    for forward in [("causal", "future_tokens"), ("kv_cache", "incremental")]:
+        assert found[forward].status == "pass", found[forward].message
+    parted = found[("causal", "future_gradients")]
+    assert parted.status == "fail"
+    assert "in the backward of a" in parted.message, parted.message
+    assert "B's gradient reaches positions where A's is exactly zero" in parted.message
+    located = parted.first_difference
+    assert located is not None and located.backward and located.b_name == "h.1.attn.c_attn", located
+    assert "first differing module going backward" in parted.message
+    assert json.loads((Path(parted.reproduction) / "parting.json").read_text())["kind"] == "gradients"
+    assert replay_parting(parted.reproduction, a=a, b=b).status == "fail"
+    assert replay_parting(parted.reproduction, a=a, b=ported_plain_decoder()).status == "pass"
+
+
+def test_two_backwards_part_where_exactly_one_gradient_is_zero():
+    from maskcheck.harness.compare.gradients import compare_reach
+    from maskcheck.harness.engine.tolerance import tolerance_for
+
+    tolerance = tolerance_for("cpu", "float32")
+    a = torch.tensor([[1.0, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    rounded = a * (1 + 1e-7)  # the same reach, other magnitudes: no parting
+    assert not compare_reach(a, rounded, tolerance, "float32").parts
+    assert not compare_reach(a, 3 * a, tolerance, "float32").parts  # a loss normaliser scales every gradient
+    leaks = torch.tensor([[1.0, 0.5, 0.2, 0.0]], dtype=torch.float64)
+    found = compare_reach(a, leaks, tolerance, "float32")
+    assert found.parts and found.positions == [[0, 2]] and found.max_diff == pytest.approx(0.2)
+    assert found.how.startswith("B's gradient reaches")
+    blocked = compare_reach(a, torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), tolerance, "float32")
+    assert blocked.positions == [[0, 1]] and blocked.how.startswith("B's gradient is exactly zero")
+    nan = compare_reach(a, torch.tensor([[1.0, 0.5, float("nan"), 0.0]], dtype=torch.float64), tolerance, "float32")
+    assert nan.positions == [[0, 2]] and nan.max_diff == float("inf")
 
 
 def test_the_cli_loads_a_port_s_weights_from_the_shipped_json_key_map(tmp_path, capsys):

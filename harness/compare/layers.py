@@ -42,14 +42,22 @@ class FirstDifference:
     # (A's module name, relative difference at each position) for every matched module whose
     # output is [B, T, ...] over the call's positions, in order: where the two part, per layer
     profile: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    # True: the records are the gradients at the modules' outputs, last module first
+    # (compare/gradients.py): the first module going backward whose output's gradient differs
+    backward: bool = False
 
     def describe(self) -> str:
         where = f" at [row, position] {self.positions[:6]}" if self.positions else ""
         names = self.a_name if self.a_name == self.b_name else f"{self.a_name} (A) / {self.b_name} (B)"
+        first, of, earlier = (
+            ("first differing module going backward", "gradient at its output", "later ones (in the forward)")
+            if self.backward
+            else ("first differing module", "output", "earlier ones")
+        )
         return (
-            f"first differing module: {names}, output {list(self.shape)}, relative difference {self.relative:.3g} "
+            f"{first}: {names}, {of} {list(self.shape)}, relative difference {self.relative:.3g} "
             f"> {self.threshold:.3g}{where} (modules matched by {self.matching}; "
-            f"{self.compared - 1} earlier ones agree)"
+            f"{self.compared - 1} {earlier} agree)"
         )
 
 

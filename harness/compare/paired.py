@@ -25,6 +25,7 @@ from ..adapters.base import Adapter, Batch
 from ..adapters.memo import MemoisedCalls, forward_memo
 from ..engine.suite import Outcome
 from ..engine.tolerance import Tolerance, compare_logits
+from .gradients import compare_reach
 
 #: one operation on a decoding state: (name, arguments), replayable on either adapter
 Operation = tuple[str, tuple]
@@ -51,6 +52,19 @@ class Parting:
     where: Tensor  # [B, T] the compared positions of the call
     offset: int = 0  # the call's first position in its sequence
     path: str = "canonical"  # the call path both made it on (harness/adapters/paths.py)
+    # "logits": the call's log-probabilities differ; "gradients": its backward reaches other
+    # positions (gradients.py), ``how`` says which side reaches them
+    kind: str = "logits"
+    how: str = ""
+
+    def measurement(self) -> str:
+        """What was measured, in words (after "B parts from A in <what>: ")."""
+        if self.kind == "gradients":
+            return (
+                f"{self.how}: gradient norm {self.max_diff:.3g} > threshold {self.threshold:.3g} "
+                f"(noise floor 0) at [row, position] {self.positions[:8]}"
+            )
+        return f"max |d log p| = {self.max_diff:.3g} > threshold {self.threshold:.3g} (floor {self.floor:.3g})"
 
     @property
     def ratio(self) -> float:
@@ -89,9 +103,8 @@ class Recorder:
             first.threshold,
             first.positions[:8],
             message=(
-                f"B parts from A in {first.what}: max |d log p| = {first.max_diff:.3g} "
-                f"> threshold {first.threshold:.3g} "
-                f"(floor {first.floor:.3g}; {len(self.partings)} of {self.calls} call(s) part)"
+                f"B parts from A in {first.what}: {first.measurement()}; "
+                f"{len(self.partings)} of {self.calls} call(s) part"
             ),
             detail={"parting": first},  # the call compare makes again with hooks (run.py: locate)
         )
@@ -100,8 +113,9 @@ class Recorder:
 class PairedAdapter:
     """A's adapter, every model call made on B as well (see the module's docstring).
 
-    What it does not intercept (capabilities, losses, gradients, ``generate()``, the
-    suites' attention hooks) is A's alone: compare judges the outputs both compute."""
+    What it does not intercept (capabilities, loss values, ``generate()``, the suites'
+    attention hooks) is A's alone: compare judges the outputs both compute, and where the
+    suites differentiate, the positions both backwards reach (``gradients.py``)."""
 
     def __init__(self, a: Adapter, b: Adapter, recorder: Recorder) -> None:
         self.a, self.b, self.recorder = a, b, recorder
@@ -208,6 +222,41 @@ class PairedAdapter:
         self._judge_op(history, a_logits, b_logits, batch.predicted_real)
         return a_logits, PairedState(a_state, b_state, history)
 
+    # -- backwards compared: the positions each gradient reaches ---------------------------
+
+    def input_gradients(self, batch: Batch, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+        a_norms, a_logits = self.a.input_gradients(batch, outputs, seed)
+        b_norms, b_logits = self._on_b(lambda: self.b.input_gradients(batch, outputs, seed))
+        history: list[Operation] = [("input_gradients", (batch, outputs, seed))]
+        shape = "x".join(map(str, batch.predicted_ids.shape))
+        self._judge(f"the training forward of a {shape} batch", a_logits, b_logits, batch.predicted_real, history)
+        self._judge_reach(f"the backward of a {shape} batch to its token embeddings", a_norms, b_norms, history)
+        return a_norms, a_logits
+
+    def loss_logit_gradients(self, batch: Batch, labels: Tensor) -> Tensor:
+        a_norms = self.a.loss_logit_gradients(batch, labels)
+        b_norms = self._on_b(lambda: self.b.loss_logit_gradients(batch, labels))
+        shape = "x".join(map(str, batch.predicted_ids.shape))
+        history: list[Operation] = [("loss_logit_gradients", (batch, labels))]
+        self._judge_reach(f"the loss's backward to the logits of a {shape} batch", a_norms, b_norms, history)
+        return a_norms
+
+    def _judge_reach(self, what: str, a_norms: Tensor, b_norms: Tensor, history: list[Operation]) -> None:
+        """Compare where two backwards reach (``gradients.py``): exact zeros, floor 0."""
+        self.recorder.calls += 1
+        self.recorder.check_calls += 1
+        reach = compare_reach(a_norms, b_norms, self.recorder.tolerance, self.recorder.dtype)
+        ratio = reach.max_diff / reach.threshold if reach.threshold > 0 else float(reach.parts) * float("inf")
+        self.recorder.check_worst = max(self.recorder.check_worst, ratio)
+        if reach.parts:
+            where = torch.ones(a_norms.shape, dtype=torch.bool)
+            self.recorder.partings.append(
+                Parting(
+                    what, reach.max_diff, 0.0, reach.threshold, reach.positions, history, where,
+                    path=self.a.path.name, kind="gradients", how=reach.how,
+                )
+            )  # fmt: skip
+
     def _judge_op(self, history: list[Operation], a_logits: Tensor, b_logits: Tensor, where: Tensor) -> None:
         steps = sum(name == "step" for name, _ in history)
         last = history[-1][0]
@@ -262,10 +311,14 @@ class PairedAdapter:
         self.b.release_state()
 
 
-def replay(adapter: Adapter, history: list[Operation], before_last: Callable[[], Any] | None = None) -> Tensor:
-    """Make a call again on ``adapter`` from nothing: a forward (``logits``, one operation), or
-    a decoding state's operations from a fresh prompt. Returns the logits of the last
-    operation; ``before_last()`` is called just before it (to put hooks on)."""
+def replay(
+    adapter: Adapter, history: list[Operation], before_last: Callable[[], Any] | None = None, kind: str = "logits"
+) -> Tensor:
+    """Make a call again on ``adapter`` from nothing: a forward (``logits``, one operation), a
+    backward (``input_gradients``, ``loss_logit_gradients``), or a decoding state's
+    operations from a fresh prompt. Returns what :class:`Parting` ``kind`` compares of the
+    last operation: its logits, or its gradients' norms; ``before_last()`` is called just
+    before it (to put hooks on)."""
     state: Any = None
     logits: Tensor | None = None
     for i, (name, arguments) in enumerate(history):
@@ -274,6 +327,11 @@ def replay(adapter: Adapter, history: list[Operation], before_last: Callable[[],
         if name == "logits":
             batch, keep = arguments
             logits = adapter.logits(batch, keep)
+        elif name == "input_gradients":
+            norms, training_logits = adapter.input_gradients(*arguments)
+            logits = norms if kind == "gradients" else training_logits
+        elif name == "loss_logit_gradients":
+            logits = adapter.loss_logit_gradients(*arguments)
         elif name == "prefill":
             batch, rollback = arguments
             logits, state = adapter.prefill(batch, rollback=rollback)

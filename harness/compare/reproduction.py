@@ -11,7 +11,8 @@ A folder ``repro-compare-<suite>-<check>/`` holding
   and fails with the measured difference and threshold when B parts from A.
 
 The replay judges the call as compare did: log-probabilities at the compared positions,
-under the shape-change rule at the floor A's own repeat of the call measures.
+under the shape-change rule at the floor A's own repeat of the call measures; a backward,
+by the positions both gradients reach (``gradients.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..report.reproduction import (
     parameters_hash,
     write_folder_atomically,
 )
+from .gradients import compare_reach
 from .layers import FirstDifference
 from .paired import Operation, Parting, replay
 from .weights import load_weights
@@ -78,6 +80,7 @@ def write_parting(
         "weights": None if weights is False else ("same" if weights is True else dict(weights)),
         "what": parting.what,
         "path": parting.path,
+        "kind": parting.kind,
         "operations": [_encoded_operation(i, op, tensors) for i, op in enumerate(parting.history)],
         "where": _tensor("where", parting.where, tensors),
         "offset": parting.offset,
@@ -188,6 +191,8 @@ def replay_parting(
         (op["name"], tuple(_decoded(arg, tensors, device) for arg in op["arguments"])) for op in data["operations"]
     ]
     where = tensors[data["where"]["tensor"]].bool()
+    if data.get("kind") == "gradients":
+        return _replay_backward(data, first, second, history, notes)
     with forward_memo(False), torch.inference_mode():
         a_logits, b_logits, again = replay(first, history), replay(second, history), replay(first, history)
     comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where)
@@ -204,6 +209,27 @@ def replay_parting(
             message += f"; {data['first_module']}"
         return PartingReplay("fail", message, comparison.max_diff, threshold, notes)
     return PartingReplay("pass", f"B agrees with A in {data['what']}: {said}", comparison.max_diff, threshold, notes)
+
+
+def _replay_backward(
+    data: dict[str, Any], first: Adapter, second: Adapter, history: list[Operation], notes: list[str]
+) -> PartingReplay:
+    """A backward's parting judged again: the positions both gradients reach (gradients.py)."""
+    with forward_memo(False):
+        a_norms, b_norms = (replay(side, history, kind="gradients") for side in (first, second))
+    reach = compare_reach(a_norms, b_norms, Tolerance(**data["tolerance"]), data["dtype"])
+    recorded = data["recorded"]
+    said = f"gradient norm {reach.max_diff:.3g}, threshold {reach.threshold:.3g} (noise floor 0)"
+    said += f"; recorded {recorded['max_diff']:.3g} > {recorded['threshold']:.3g}"
+    if reach.parts:
+        message = f"B parts from A in {data['what']}: {reach.how}: {said}, at [row, position] {reach.positions[:8]}"
+        if data.get("first_module"):
+            message += f"; {data['first_module']}"
+        return PartingReplay("fail", message, reach.max_diff, reach.threshold, notes)
+    return PartingReplay(
+        "pass", f"B's backward reaches the positions A's does in {data['what']}: {said}", reach.max_diff,
+        reach.threshold, notes,
+    )  # fmt: skip
 
 
 def test_source(data: dict[str, Any]) -> str:

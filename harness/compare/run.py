@@ -33,6 +33,7 @@ from ..engine.suite import (
 )
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..report.reproduction import BundleError
+from .gradients import module_output_gradients
 from .layers import FirstDifference, first_difference, module_outputs, relative_tolerance
 from .paired import PairedAdapter, Parting, Recorder, replay
 from .reproduction import TEST_FILE, bundle_name, write_parting
@@ -322,7 +323,7 @@ def compare_check(
             return CheckComparison(
                 check.name,
                 "not_run",
-                "its cases make no call compare judges (its gradients, losses or hooks are A's alone)",
+                "its cases make no call compare judges (its loss values or hooks are A's alone)",
                 cases=cases,
             )
         return CheckComparison(
@@ -349,13 +350,16 @@ def compare_check(
     return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases, written)
 
 
-def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_map: Any) -> FirstDifference:
-    """The first module at which A and B part in ``parting``'s call, made again on both with hooks."""
+def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_map: Any) -> FirstDifference | None:
+    """The first module at which A and B part in ``parting``'s call, made again on both with
+    hooks: the first whose output differs, or for a backward that parts, the first whose
+    output's gradient differs, going backward (``gradients.py``); None where no matched
+    module differs (a loss's backward to the logits: the loss is no module)."""
+    recorded = module_output_gradients if parting.kind == "gradients" else module_outputs
     records = []
     with forward_memo(False):  # the hooks must see the call made, not a remembered result
         for adapter in (paired.a, paired.b):
-            records.append(
-                module_outputs(adapter.model, lambda arm, adapter=adapter: replay(adapter, parting.history, arm))
-            )
+            records.append(recorded(adapter.model, lambda arm, adapter=adapter: replay(adapter, parting.history, arm)))
     rows = int(parting.where.shape[0])
-    return first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)
+    found = first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)
+    return None if found is None else replace(found, backward=parting.kind == "gradients")
