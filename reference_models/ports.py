@@ -17,31 +17,66 @@ import torch
 
 from .hf_tiny import tiny_model
 
-#: the attention function the GQA port registers with transformers' AttentionInterface
+#: the attention functions the ports register with transformers' AttentionInterface
 TILED_HEADS_ATTENTION = "maskcheck_gqa_repeat"
+INPUT_DTYPE_SOFTMAX_ATTENTION = "maskcheck_input_dtype_softmax"
 
 
-def _tiled_heads_attention(
+def _eager_attention(
     module: Any,
-    query: Any,
-    key: Any,
+    query: Any,  # [B, H, T, d]
+    key: Any,  # [B, H_kv, S, d]
     value: Any,
-    attention_mask: Any,
+    attention_mask: Any,  # additive, [B, 1, T, >= S]: 0 where a query may read a key
     scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
+    heads: Callable[[Any, int], Any],
+    softmax: Callable[[Any], Any],
 ) -> Any:
-    """transformers' eager attention with the port's mistake: key/value heads repeated with
-    ``repeat``, so head h reads key/value head h % H_kv; transformers' ``repeat_kv``
-    (``repeat_interleave``) gives head h key/value head h // groups."""
+    """transformers' eager attention, with how key/value heads are repeated for the query
+    heads (``heads(kv, groups)``) and the softmax of the scores given."""
     groups = module.num_key_value_groups
-    key, value = key.repeat(1, groups, 1, 1), value.repeat(1, groups, 1, 1)  # [B, H_kv, T, d] -> [B, H, T, d]
+    key, value = heads(key, groups), heads(value, groups)  # [B, H_kv, S, d] -> [B, H, S, d]
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
     if attention_mask is not None:
         weights = weights + attention_mask[:, :, :, : key.shape[-2]]
-    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = softmax(weights).to(query.dtype)
     out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, d]
     return out, weights
+
+
+def _interleaved(kv: Any, groups: int) -> Any:
+    """transformers' ``repeat_kv``: query head h reads key/value head h // groups."""
+    return kv.repeat_interleave(groups, dim=1)
+
+
+def _tiled(kv: Any, groups: int) -> Any:
+    """The GQA port's repeat: query head h reads key/value head h % H_kv."""
+    return kv.repeat(1, groups, 1, 1)
+
+
+def _input_dtype_softmax(weights: Any) -> Any:
+    return torch.softmax(weights, dim=-1)
+
+
+def _float32_softmax(weights: Any) -> Any:
+    """transformers' eager softmax: computed in float32 whatever the scores' dtype."""
+    return torch.softmax(weights, dim=-1, dtype=torch.float32)
+
+
+def _tiled_heads_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float, dropout: float = 0.0, **_: Any
+) -> Any:
+    """The GQA port's mistake: key/value heads repeated with ``repeat``, so head h reads
+    key/value head h % H_kv where transformers' ``repeat_kv`` gives it h // groups."""
+    return _eager_attention(module, query, key, value, attention_mask, scaling, _tiled, _float32_softmax)
+
+
+def _input_dtype_softmax_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float, dropout: float = 0.0, **_: Any
+) -> Any:
+    """The softmax taken in the scores' own dtype (``torch.softmax(weights, -1)``), where
+    eager asks for float32 and casts back."""
+    return _eager_attention(module, query, key, value, attention_mask, scaling, _interleaved, _input_dtype_softmax)
 
 
 def _eps_outside_sqrt(norm: Any, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, D]
@@ -64,24 +99,35 @@ def _rotated_backwards(
 
 
 def ported(divergence: str, attn_implementation: str = "eager", seed: int = 0) -> tuple[Any, Any]:
-    """(A, B): a tiny model and the port of it with ``divergence`` (one of :data:`DIVERGENCES`), A's weights in B."""
-    if divergence not in DIVERGENCES:
-        raise KeyError(f"unknown divergence {divergence!r}; known: {', '.join(DIVERGENCES)}")
-    base, port = DIVERGENCES[divergence]
+    """(A, B): a tiny model and the port of it with ``divergence`` (one of :data:`DIVERGENCES`
+    or :data:`ROUNDING_PORTS`), A's weights in B."""
+    known = {**DIVERGENCES, **ROUNDING_PORTS}
+    if divergence not in known:
+        raise KeyError(f"unknown divergence {divergence!r}; known: {', '.join(known)}")
+    base, port = known[divergence]
     a = tiny_model(base, attn_implementation, seed=seed)
     b = port(seed)
     b.load_state_dict(a.state_dict())
     return a, b.eval()
 
 
-def _with_tiled_heads(seed: int) -> Any:
-    """The tiny Llama (4 heads over 2 key/value heads) computing attention with the GQA port's mistake."""
+def _with_attention(name: str, attention: Callable, seed: int) -> Any:
+    """The tiny Llama (4 heads over 2 key/value heads) computing attention with ``attention``,
+    registered under ``name``, its masks built as for eager."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-    AttentionInterface.register(TILED_HEADS_ATTENTION, _tiled_heads_attention)
-    AttentionMaskInterface.register(TILED_HEADS_ATTENTION, eager_mask)  # its masks built as for eager
-    return tiny_model("llama", TILED_HEADS_ATTENTION, seed=seed)
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, eager_mask)
+    return tiny_model("llama", name, seed=seed)
+
+
+def _with_tiled_heads(seed: int) -> Any:
+    return _with_attention(TILED_HEADS_ATTENTION, _tiled_heads_attention, seed)
+
+
+def _with_input_dtype_softmax(seed: int) -> Any:
+    return _with_attention(INPUT_DTYPE_SOFTMAX_ATTENTION, _input_dtype_softmax_attention, seed)
 
 
 def _without_window(seed: int) -> Any:
@@ -124,6 +170,15 @@ DIVERGENCES: dict[str, tuple[str, Callable[[int], Any]]] = {
     "gqa_repeat_not_interleave": ("llama", _with_tiled_heads),
     "rms_norm_eps_outside_sqrt": ("llama", _with_norm),
     "sliding_window_dropped": ("mistral", _without_window),
+}
+
+
+#: ports that compute one function another way within rounding: compare must let them pass.
+#: ``torch.softmax`` of bfloat16 or float16 scores is bit for bit the float32 softmax cast
+#: back on torch's CPU kernels (scripts/softmax_input_dtype.py), so the port that skips
+#: eager's float32 is no divergence there (docs/compare.md).
+ROUNDING_PORTS: dict[str, tuple[str, Callable[[int], Any]]] = {
+    "softmax_in_input_dtype": ("llama", _with_input_dtype_softmax),
 }
 
 

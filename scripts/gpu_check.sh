@@ -10,7 +10,9 @@
 # 3. the ci-profile audit of the tiny reference model and of the GPT-2-small shape in
 #    bfloat16 and float16, as JSON reports, and the quick profile's audit of the latter;
 # 4. maskcheck compare of the GPT-2-small shape's eager and sdpa backends in bfloat16 and
-#    float16 (the kernel swap people make on a GPU), as JSON.
+#    float16 (the kernel swap people make on a GPU), as JSON;
+# 5. whether CUDA's softmax of bfloat16 and float16 scores is the float32 softmax cast back
+#    (scripts/softmax_input_dtype.py; docs/compare.md).
 #
 # It uses the machine's own python3 (PYTHON overrides it) with torch, transformers,
 # hypothesis, safetensors and matplotlib, as the lent H200 image has them; about five
@@ -31,6 +33,9 @@ step() {
     step nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     step "$python" -c "import torch, transformers, hypothesis; print('torch', torch.__version__, 'transformers', transformers.__version__, 'hypothesis', hypothesis.__version__, torch.cuda.get_device_name())"
     step "$python" scripts/noise_floor.py --device cuda
+    for dtype in bfloat16 float16; do
+        step "$python" scripts/softmax_input_dtype.py --device cuda --dtype "$dtype" --tiny-llama
+    done
     for dtype in bfloat16 float32; do
         step "$python" benchmarks/audit_overhead.py --model both --device cuda --dtype "$dtype" --repeats 3
     done

@@ -96,6 +96,16 @@ def test_a_seeded_divergence_is_found_at_its_module(divergence, module, length):
         assert {t for _, t in failed.first_difference.positions} == {1}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_softmax_in_the_input_dtype_is_rounding_not_a_divergence(dtype):
+    """torch's softmax of low-precision scores is bit for bit the float32 softmax cast back
+    (scripts/softmax_input_dtype.py), so the port that skips eager's float32 agrees."""
+    scores = (torch.randn(8, 64, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+    assert torch.equal(torch.softmax(scores, -1), torch.softmax(scores, -1, dtype=torch.float32).to(dtype))
+    a, b = ported("softmax_in_input_dtype")
+    assert_agree(compare(a.to(dtype), b.to(dtype), ["causal", "kv_cache"], profile="dev"))
+
+
 @pytest.mark.call_paths
 def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_its_weights():
     """The clean pair of renamed modules: GPT-2's names and attention written out by hand."""
