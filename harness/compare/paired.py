@@ -113,8 +113,8 @@ class Recorder:
 class PairedAdapter:
     """A's adapter, every model call made on B as well (see the module's docstring).
 
-    What it does not intercept (capabilities, loss values, ``generate()``, the suites'
-    attention hooks) is A's alone: compare judges the outputs both compute, and where the
+    What it does not intercept (capabilities, loss values, the suites' attention hooks) is
+    A's alone: compare judges the outputs both compute, and where the
     suites differentiate, the positions both backwards reach (``gradients.py``)."""
 
     def __init__(self, a: Adapter, b: Adapter, recorder: Recorder) -> None:
@@ -221,6 +221,22 @@ class PairedAdapter:
         history = [*state.history, ("reuse", (batch,))]
         self._judge_op(history, a_logits, b_logits, batch.predicted_real)
         return a_logits, PairedState(a_state, b_state, history)
+
+    def generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
+        """Both models' own ``generate()``; each row's step logits compared up to the first step
+        where the two chose other tokens (the steps after it continue other prefixes)."""
+        a_tokens, a_logits = self.a.generate(batch, new_tokens, use_cache)
+        b_tokens, b_logits = self._on_b(lambda: self.b.generate(batch, new_tokens, use_cache))
+        chose_other = (a_tokens.cpu() != b_tokens.cpu()).long()  # [B, n]
+        before = chose_other.cumsum(-1) - chose_other == 0  # [B, n]: steps up to the first other choice
+        cache = "with" if use_cache else "without"
+        self._judge(
+            f"generate() of {new_tokens} token(s) {cache} its cache after a "
+            f"{'x'.join(map(str, batch.predicted_ids.shape))} batch",
+            a_logits, b_logits, before, [("generate", (batch, new_tokens, use_cache))],
+            offset=batch.predicted_ids.shape[1],
+        )  # fmt: skip
+        return a_tokens, a_logits
 
     # -- backwards compared: the positions each gradient reaches ---------------------------
 
@@ -332,6 +348,8 @@ def replay(
             logits = norms if kind == "gradients" else training_logits
         elif name == "loss_logit_gradients":
             logits = adapter.loss_logit_gradients(*arguments)
+        elif name == "generate":
+            _, logits = adapter.generate(*arguments)
         elif name == "prefill":
             batch, rollback = arguments
             logits, state = adapter.prefill(batch, rollback=rollback)

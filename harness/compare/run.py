@@ -340,6 +340,8 @@ def compare_check(
     message = checked.message
     if located is not None:
         message += f"; {located.describe()}"
+    elif parting is not None:
+        message += "; no matched module differs: the two part in what is computed outside the models' modules"
     written = None
     if reproduce is not None and parting is not None:
         try:
