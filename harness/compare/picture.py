@@ -14,7 +14,9 @@ def draw_parting(found: FirstDifference, path: str | Path, title: str) -> Path:
     """Write a PNG: one row per matched module in the order they finish (embeddings at the
     top, the output head at the bottom), one column per position of the call; the colour is
     log10 of the relative difference |A - B| / max |A|; the first differing module is marked
-    and the threshold rounding allows is drawn on the colour bar."""
+    and the threshold rounding allows is drawn on the colour bar. For a backward that parts
+    the rows are the gradients at the modules' outputs, in the order the backward makes them
+    (the output head at the top), and the axis says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,11 +35,18 @@ def draw_parting(found: FirstDifference, path: str | Path, title: str) -> Path:
     axis.set_yticks(range(len(names)), names, fontsize=6)
     axis.set_xticks(range(table.shape[1]))
     axis.set_xlabel("position")
+    if found.backward:
+        axis.set_ylabel("gradient at the module's output, in backward order", fontsize=7)
     if found.a_name in names:
         row = names.index(found.a_name)
         axis.axhline(row, color="cyan", linewidth=1.2)
         axis.annotate(
-            "first differing module", (table.shape[1] - 0.5, row), color="cyan", fontsize=7, ha="right", va="bottom"
+            "first differing module" + (" going backward" if found.backward else ""),
+            (table.shape[1] - 0.5, row),
+            color="cyan",
+            fontsize=7,
+            ha="right",
+            va="bottom",
         )
     bar = figure.colorbar(image, ax=axis)
     bar.set_label("log10 relative difference")
