@@ -129,6 +129,22 @@ def mistral(window_dropped: bool) -> Any:
     return cls(config).eval()
 
 
+def logits_shifted_with_cache(model: Any) -> Any:
+    """``model`` (in place) with a forward that adds a ramp over the vocabulary to its logits
+    whenever ``use_cache`` is asked for: the same model without a cache, another with one."""
+    forward = model.forward
+
+    @functools.wraps(forward)  # generate() reads the forward's signature
+    def cache_shifted(*args: Any, **kwargs: Any) -> Any:
+        output = forward(*args, **kwargs)
+        if kwargs.get("use_cache"):
+            output.logits = output.logits + torch.linspace(0, 1, output.logits.shape[-1])
+        return output
+
+    model.forward = cache_shifted
+    return model
+
+
 def shipped_hf(name: str, as_type: str | None = None) -> Any:
     """A shipped Hugging Face checkpoint; with ``as_type``, its weights under that type's class
     (the layout mismatch a hand-written config makes)."""

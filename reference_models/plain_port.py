@@ -38,9 +38,13 @@ class PortedAttention(nn.Module):
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         k, v, real = cache.append(k, v, real)  # [B, H, T_so_far + T, D] twice, [B, T_so_far + T]
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, T, T_so_far + T]
-        scores = scores.masked_fill(~key_mask(real, length), float("-inf"))  # every query keeps one key
-        attended = scores.softmax(dim=-1) @ v  # [B, H, T, D]
+        attended = self.probabilities(scores, key_mask(real, length)) @ v  # [B, H, T, D]
         return self.c_proj(attended.transpose(1, 2).reshape(batch, length, width))  # [B, T, C]
+
+    def probabilities(self, scores: Tensor, allowed: Tensor) -> Tensor:
+        """``softmax`` of ``scores [B, H, T, S]`` over the keys ``allowed`` (True: may be read;
+        every query keeps one), masked keys at ``-inf``."""
+        return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
 
 
 class PortedMLP(nn.Module):
@@ -104,16 +108,10 @@ class StraightThroughAttention(PortedAttention):
     recomputes the probabilities without the mask. Every forward equals the original's up
     to rounding (a masked key's weight is exactly 0); gradients reach masked keys."""
 
-    def forward(self, x: Tensor, real: Tensor, cache: LayerCache, key_mask: KeyMask) -> Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.c_attn(x).split(width, dim=-1)  # each [B, T, C]
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        k, v, real = cache.append(k, v, real)  # [B, H, T_so_far + T, D] twice, [B, T_so_far + T]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, H, T, T_so_far + T]
+    def probabilities(self, scores: Tensor, allowed: Tensor) -> Tensor:
         unmasked = scores.softmax(dim=-1)
-        masked = scores.masked_fill(~key_mask(real, length), float("-inf")).softmax(dim=-1)
-        attended = (unmasked + (masked - unmasked).detach()) @ v  # [B, H, T, D]
-        return self.c_proj(attended.transpose(1, 2).reshape(batch, length, width))  # [B, T, C]
+        masked = super().probabilities(scores, allowed)
+        return unmasked + (masked - unmasked).detach()  # masked's values, unmasked's gradient
 
 
 class BackwardIgnoresMask(PortedPlainDecoder):

@@ -3,7 +3,6 @@ installed transformers, audited in-process, against the verdicts docs/architectu
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.engine.registry import suite_names
+from maskcheck.reference_models.hf_bugs import logits_shifted_with_cache
 from maskcheck.reference_models.hf_tiny import shrunk_model
 
 pytestmark = pytest.mark.call_paths  # every call path (conftest.py)
@@ -101,16 +101,7 @@ def test_generate_use_cache_fails_a_seeded_cache_only_difference() -> None:
     asked for is caught."""
     model = shrunk_model("openai-gpt", "causal-lm")
     assert kv_checks(model)["generate_use_cache"].status == "pass"
-    forward = model.forward
-
-    @functools.wraps(forward)  # generate() reads the forward's signature
-    def cache_shifted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        output = forward(*args, **kwargs)
-        if kwargs.get("use_cache"):
-            output.logits = output.logits + torch.linspace(0, 1, output.logits.shape[-1])
-        return output
-
-    model.forward = cache_shifted
+    logits_shifted_with_cache(model)
     seeded = kv_checks(model)["generate_use_cache"]
     assert seeded.status == "fail" and "use_cache=False" in seeded.message
 

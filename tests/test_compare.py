@@ -180,24 +180,14 @@ def test_generate_is_compared_step_by_step_until_the_two_choose_other_tokens():
     sequence): a copy agrees; a copy whose forward shifts the logits whenever a cache is
     asked for parts in generate() with its cache."""
     import copy
-    import functools
 
+    from maskcheck.reference_models.hf_bugs import logits_shifted_with_cache
     from maskcheck.reference_models.hf_tiny import shrunk_model
 
     a = shrunk_model("openai-gpt", "causal-lm")
     clean = checks(compare(a, copy.deepcopy(a), ["kv_cache"], profile="dev"))[("kv_cache", "generate_use_cache")]
     assert clean.status == "pass" and "call(s) compared" in clean.message, clean.message
-    b = copy.deepcopy(a)
-    forward = b.forward
-
-    @functools.wraps(forward)  # generate() reads the forward's signature
-    def cache_shifted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        output = forward(*args, **kwargs)
-        if kwargs.get("use_cache"):
-            output.logits = output.logits + torch.linspace(0, 1, output.logits.shape[-1])
-        return output
-
-    b.forward = cache_shifted
+    b = logits_shifted_with_cache(copy.deepcopy(a))
     parted = checks(compare(a, b, ["kv_cache"], profile="dev"))[("kv_cache", "generate_use_cache")]
     assert parted.status == "fail", parted.message
     assert "B parts from A in generate() of" in parted.message and "with its cache" in parted.message

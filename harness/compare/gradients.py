@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..engine.tolerance import Tolerance
-from .layers import Record, first_tensor
+from .layers import Record, first_tensor, with_module_hooks
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ def module_output_gradients(model: torch.nn.Module, run: Callable[[Callable[[], 
     names: list[str] = []
     gradients: dict[int, Tensor] = {}
     calls: dict[str, int] = {}
-    handles: list[Any] = []
 
     def hook_for(name: str) -> Callable:
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
@@ -102,14 +101,7 @@ def module_output_gradients(model: torch.nn.Module, run: Callable[[Callable[[], 
 
         return hook
 
-    def arm() -> None:
-        handles.extend(module.register_forward_hook(hook_for(name)) for name, module in model.named_modules() if name)
-
-    try:
-        run(arm)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with_module_hooks(model, hook_for, run)
     return [Record(names[i], gradients[i]) for i in reversed(range(len(names))) if i in gradients]
 
 

@@ -84,7 +84,6 @@ def module_outputs(model: torch.nn.Module, run: Callable[[Callable[[], None]], A
     ``arm()`` just before the call to record (a decode's last step), then makes it."""
     records: list[Record] = []
     calls: dict[str, int] = {}
-    handles: list[Any] = []
 
     def hook_for(name: str) -> Callable:
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
@@ -97,6 +96,17 @@ def module_outputs(model: torch.nn.Module, run: Callable[[Callable[[], None]], A
 
         return hook
 
+    with_module_hooks(model, hook_for, run)
+    return records
+
+
+def with_module_hooks(
+    model: torch.nn.Module, hook_for: Callable[[str], Callable], run: Callable[[Callable[[], None]], Any]
+) -> None:
+    """Make the call ``run`` makes with ``hook_for(name)`` as a forward hook on every named
+    module of ``model``, put on when ``run`` calls ``arm()`` and taken off after."""
+    handles: list[Any] = []
+
     def arm() -> None:
         handles.extend(module.register_forward_hook(hook_for(name)) for name, module in model.named_modules() if name)
 
@@ -105,7 +115,6 @@ def module_outputs(model: torch.nn.Module, run: Callable[[Callable[[], None]], A
     finally:
         for handle in handles:
             handle.remove()
-    return records
 
 
 def matched(
