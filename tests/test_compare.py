@@ -106,6 +106,18 @@ def test_a_softmax_in_the_input_dtype_is_rounding_not_a_divergence(dtype):
     assert_agree(compare(a.to(dtype), b.to(dtype), ["causal", "kv_cache"], profile="dev"))
 
 
+def test_the_softmax_measurement_script_reports_each_row_length(capsys):
+    import runpy
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "softmax_input_dtype.py"
+    main = runpy.run_path(str(script))["main"]
+    assert main(["--dtype", "bfloat16"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["8", "64", "512", "4096"]
+    assert all(" ".join(row[1:4]).startswith("bit for bit") for row in rows)
+    assert all(float(row[-1]) > float(row[-3]) for row in rows)  # by hand is farther off than the cast
+
+
 @pytest.mark.call_paths
 def test_the_plain_decoder_and_its_port_with_renamed_modules_agree_once_given_its_weights():
     """The clean pair of renamed modules: GPT-2's names and attention written out by hand."""
