@@ -268,33 +268,40 @@ def forward_cost(model: Any, repeats: int = 5) -> tuple[list[tuple[int, int, flo
 
 
 def count(
-    target: Any, profile: str, suites: list[str] | None = None, examples: int | None = None
+    target: Any,
+    profile: str,
+    suites: list[str] | None = None,
+    examples: int | None = None,
+    by_check: dict[str, collections.Counter] | None = None,
 ) -> tuple[dict[tuple[str, str], collections.Counter], Any]:
     """Forwards, rows and input tokens of one audit, by (suite, call path): what an audit
     asks of the model, whatever the machine. ``target``: a model, an adapter or a spec
     (``mutant:NAME``); ``examples`` replaces the profile's case count, as ``--examples``
     does. Backward passes of the gradient checks are counted as the forwards they follow
-    (``grad``)."""
+    (``grad``). ``by_check`` receives the same tallies by ``suite/check`` (every path)."""
     from maskcheck.harness.adapters.specs import load_adapter
     from maskcheck.harness.audits import runner
 
     adapter = load_adapter(target) if isinstance(target, str) else adapter_for(target)
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
-    where = types.SimpleNamespace(suite=GATE, path="canonical")
+    where = types.SimpleNamespace(suite=GATE, path="canonical", check="")
     kind, original_run_one = type(adapter.model), runner._run_one
     original_forward = kind.forward
 
     @functools.wraps(original_forward)
     def counted_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        tally = counts[(where.suite, where.path)]
-        tally["forwards"] += 1
-        tally["grad"] += torch.is_grad_enabled()
-        if isinstance(ids, torch.Tensor):
-            tally["rows"] += ids.shape[0]
-            tally["tokens"] += ids.numel()
-            keep = kwargs.get("logits_to_keep") or ids.shape[-1]  # the positions projected to the vocabulary
-            tally["projected"] += ids.shape[0] * min(keep, ids.shape[-1])
+        tallies = [counts[(where.suite, where.path)]]
+        if by_check is not None:
+            tallies.append(by_check[f"{where.suite}/{where.check}" if where.check else where.suite])
+        for tally in tallies:
+            tally["forwards"] += 1
+            tally["grad"] += torch.is_grad_enabled()
+            if isinstance(ids, torch.Tensor):
+                tally["rows"] += ids.shape[0]
+                tally["tokens"] += ids.numel()
+                keep = kwargs.get("logits_to_keep") or ids.shape[-1]  # the positions projected to the vocabulary
+                tally["projected"] += ids.shape[0] * min(keep, ids.shape[-1])
         return original_forward(module, *args, **kwargs)
 
     def run_one(
@@ -307,11 +314,11 @@ def count(
         *rest: Any,
         **kwargs: Any,
     ) -> Any:
-        where.path = path
+        where.path, where.check = path, getattr(check, "name", "")
         try:
             return original_run_one(check, context, result, failures, suite, path, *rest, **kwargs)
         finally:
-            where.path = "canonical"
+            where.path, where.check = "canonical", ""
 
     kind.forward = counted_forward  # type: ignore[method-assign]
     runner._run_one = run_one
@@ -351,6 +358,16 @@ def print_counts(name: str, profile: str, counts: dict[tuple[str, str], collecti
         f"  {totals['projected']} of the {totals['tokens']} input positions projected to the vocabulary"
         f" (the others' logits were not asked for: logits_to_keep); {result.environment.get('logits_to_keep')}"
     )
+
+
+def print_check_counts(by_check: dict[str, collections.Counter], top: int = 12) -> None:
+    """The checks that ask the most forwards, every path together (a suite's forwards outside
+    its checks, its set-up and probes, under the suite's name)."""
+    total = sum(c["forwards"] for c in by_check.values()) or 1
+    print(f"\n  the {top} checks with the most forwards (every path; share of all forwards)")
+    for name, tally in sorted(by_check.items(), key=lambda item: -item[1]["forwards"])[:top]:
+        share = tally["forwards"] / total
+        print(f"  {name:<34} {tally['forwards']:>6} forwards {tally['tokens']:>8} tokens  {share:6.1%}")
 
 
 def scaling(profile: str) -> None:
@@ -554,10 +571,12 @@ def main() -> int:
         return 0
     if args.count:
         for name in list(MODELS) if args.model == "both" else [args.model]:
+            by_check: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
             counts, result = count(
                 COUNTED[name]().to(device=args.device, dtype=getattr(torch, args.dtype)),
                 args.profile,
                 examples=args.examples,
+                by_check=by_check,
             )
             print_counts(
                 name,
@@ -565,6 +584,7 @@ def main() -> int:
                 counts,
                 result,
             )
+            print_check_counts(by_check)
         return 0
     if args.model == "gpt2-narrow":
         parser.error("gpt2-narrow is for --count: it has gpt2-small's cases, not its cost")
