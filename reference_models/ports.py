@@ -22,61 +22,52 @@ TILED_HEADS_ATTENTION = "maskcheck_gqa_repeat"
 INPUT_DTYPE_SOFTMAX_ATTENTION = "maskcheck_input_dtype_softmax"
 
 
-def _eager_attention(
-    module: Any,
-    query: Any,  # [B, H, T, d]
-    key: Any,  # [B, H_kv, S, d]
-    value: Any,
-    attention_mask: Any,  # additive, [B, 1, T, >= S]: 0 where a query may read a key
-    scaling: float,
-    heads: Callable[[Any, int], Any],
-    softmax: Callable[[Any], Any],
-) -> Any:
-    """transformers' eager attention, with how key/value heads are repeated for the query
-    heads (``heads(kv, groups)``) and the softmax of the scores given."""
-    groups = module.num_key_value_groups
-    key, value = heads(key, groups), heads(value, groups)  # [B, H_kv, S, d] -> [B, H, S, d]
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
-    if attention_mask is not None:
-        weights = weights + attention_mask[:, :, :, : key.shape[-2]]
-    weights = softmax(weights).to(query.dtype)
-    out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, d]
-    return out, weights
+def attention_with(heads: Callable[[Any, int], Any], softmax: Callable[[Any], Any]) -> Callable:
+    """transformers' eager attention (for ``AttentionInterface``) with how key/value heads are
+    repeated for the query heads (``heads(kv, groups)``) and the softmax of the scores given."""
+
+    def attention(
+        module: Any,
+        query: Any,  # [B, H, T, d]
+        key: Any,  # [B, H_kv, S, d]
+        value: Any,
+        attention_mask: Any,  # additive, [B, 1, T, >= S]: 0 where a query may read a key
+        scaling: float,
+        dropout: float = 0.0,
+        **_: Any,
+    ) -> Any:
+        groups = module.num_key_value_groups
+        key, value = heads(key, groups), heads(value, groups)  # [B, H_kv, S, d] -> [B, H, S, d]
+        weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, H, T, S]
+        if attention_mask is not None:
+            weights = weights + attention_mask[:, :, :, : key.shape[-2]]
+        weights = softmax(weights).to(query.dtype)
+        out = torch.matmul(weights, value).transpose(1, 2).contiguous()  # [B, T, H, d]
+        return out, weights
+
+    return attention
 
 
-def _interleaved(kv: Any, groups: int) -> Any:
-    """transformers' ``repeat_kv``: query head h reads key/value head h // groups."""
-    return kv.repeat_interleave(groups, dim=1)
+def repeat_kv(kv: Any, groups: int) -> Any:
+    """transformers' own ``repeat_kv``: query head h reads key/value head h // groups."""
+    from transformers.models.llama.modeling_llama import repeat_kv as transformers_repeat_kv
+
+    return transformers_repeat_kv(kv, groups)
 
 
 def _tiled(kv: Any, groups: int) -> Any:
-    """The GQA port's repeat: query head h reads key/value head h % H_kv."""
+    """The GQA port's mistake: ``repeat``, so query head h reads key/value head h % H_kv."""
     return kv.repeat(1, groups, 1, 1)
 
 
 def _input_dtype_softmax(weights: Any) -> Any:
+    """The softmax port's: taken in the scores' own dtype, where eager asks for float32."""
     return torch.softmax(weights, dim=-1)
 
 
-def _float32_softmax(weights: Any) -> Any:
+def float32_softmax(weights: Any) -> Any:
     """transformers' eager softmax: computed in float32 whatever the scores' dtype."""
     return torch.softmax(weights, dim=-1, dtype=torch.float32)
-
-
-def _tiled_heads_attention(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float, dropout: float = 0.0, **_: Any
-) -> Any:
-    """The GQA port's mistake: key/value heads repeated with ``repeat``, so head h reads
-    key/value head h % H_kv where transformers' ``repeat_kv`` gives it h // groups."""
-    return _eager_attention(module, query, key, value, attention_mask, scaling, _tiled, _float32_softmax)
-
-
-def _input_dtype_softmax_attention(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float, dropout: float = 0.0, **_: Any
-) -> Any:
-    """The softmax taken in the scores' own dtype (``torch.softmax(weights, -1)``), where
-    eager asks for float32 and casts back."""
-    return _eager_attention(module, query, key, value, attention_mask, scaling, _interleaved, _input_dtype_softmax)
 
 
 def _eps_outside_sqrt(norm: Any, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, D]
@@ -111,7 +102,7 @@ def ported(divergence: str, attn_implementation: str = "eager", seed: int = 0) -
     return a, b.eval()
 
 
-def _with_attention(name: str, attention: Callable, seed: int) -> Any:
+def llama_with_attention(name: str, attention: Callable, seed: int = 0) -> Any:
     """The tiny Llama (4 heads over 2 key/value heads) computing attention with ``attention``,
     registered under ``name``, its masks built as for eager."""
     from transformers import AttentionInterface
@@ -123,11 +114,11 @@ def _with_attention(name: str, attention: Callable, seed: int) -> Any:
 
 
 def _with_tiled_heads(seed: int) -> Any:
-    return _with_attention(TILED_HEADS_ATTENTION, _tiled_heads_attention, seed)
+    return llama_with_attention(TILED_HEADS_ATTENTION, attention_with(_tiled, float32_softmax), seed)
 
 
 def _with_input_dtype_softmax(seed: int) -> Any:
-    return _with_attention(INPUT_DTYPE_SOFTMAX_ATTENTION, _input_dtype_softmax_attention, seed)
+    return llama_with_attention(INPUT_DTYPE_SOFTMAX_ATTENTION, attention_with(repeat_kv, _input_dtype_softmax), seed)
 
 
 def _without_window(seed: int) -> Any:

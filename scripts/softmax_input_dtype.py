@@ -21,9 +21,6 @@ eager in the dtype of the softmax by hand, of sdpa, and of float32.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import torch
 
@@ -34,47 +31,32 @@ def by_hand(x: torch.Tensor) -> torch.Tensor:
 
 
 def tiny_llama_differences(device: str, dtype: torch.dtype) -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
     from maskcheck.reference_models.hf_tiny import tiny_model
+    from maskcheck.reference_models.ports import attention_with, llama_with_attention, repeat_kv
 
-    def softmax_by_hand(*args: Any, **kwargs: Any) -> Any:
-        with _softmax_replaced(by_hand):
-            return eager_attention_forward(*args, **kwargs)
-
-    AttentionInterface.register("softmax_by_hand", softmax_by_hand)
-    AttentionMaskInterface.register("softmax_by_hand", eager_mask)
+    builders = {
+        "eager": lambda: tiny_model("llama", "eager"),
+        "sdpa": lambda: tiny_model("llama", "sdpa"),
+        "by hand": lambda: llama_with_attention("maskcheck_softmax_by_hand", attention_with(repeat_kv, by_hand)),
+        "float32": lambda: tiny_model("llama", "eager"),
+    }
     ids = torch.randint(0, 64, (4, 48), generator=torch.Generator().manual_seed(0)).to(device)
     print("tiny Llama: largest |d log p| from eager in the dtype")
     print(f"{'q, k x':>7}  {'by hand':>8}  {'sdpa':>8}  {'float32':>8}")
     for sharpness in (1, 4, 16):
         log_probs = {}
-        for implementation in ("eager", "sdpa", "softmax_by_hand", "float32"):
-            model = tiny_model("llama", "eager" if implementation == "float32" else implementation).to(device)
+        for name, build in builders.items():
+            model = build().to(device)
             with torch.no_grad():
                 for layer in model.model.layers:
                     layer.self_attn.q_proj.weight.mul_(sharpness)
                     layer.self_attn.k_proj.weight.mul_(sharpness)
-                model = model.to(dtype).float() if implementation == "float32" else model.to(dtype)
-                log_probs[implementation] = torch.log_softmax(model(ids).logits.float(), -1)
+                # float32: the same weights, rounded to the dtype, computed in float32
+                model = model.to(dtype).float() if name == "float32" else model.to(dtype)
+                log_probs[name] = torch.log_softmax(model(ids).logits.float(), -1)
         eager = log_probs.pop("eager")
         row = "  ".join(f"{float((eager - other).abs().max()):8.4f}" for other in log_probs.values())
         print(f"{sharpness:>7}  {row}")
-
-
-@contextmanager
-def _softmax_replaced(softmax: Callable) -> Iterator[None]:
-    """transformers' eager attention taking ``softmax`` for ``nn.functional.softmax``."""
-    from transformers.models.llama import modeling_llama
-
-    original = modeling_llama.nn.functional.softmax
-    modeling_llama.nn.functional.softmax = lambda x, dim=-1, dtype=None: softmax(x)
-    try:
-        yield
-    finally:
-        modeling_llama.nn.functional.softmax = original
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,21 +57,22 @@ def reached(norms: Tensor, tolerance: Tolerance, dtype: str) -> tuple[Tensor, fl
 
 def compare_reach(a_norms: Tensor, b_norms: Tensor, tolerance: Tolerance, dtype: str) -> ReachComparison:
     """The positions A's and B's gradients reach, compared (``[B, T]`` norms of each)."""
+    a_norms, b_norms = a_norms.double().cpu(), b_norms.double().cpu()
     a_reach, a_threshold = reached(a_norms, tolerance, dtype)
     b_reach, b_threshold = reached(b_norms, tolerance, dtype)
     differ = a_reach != b_reach  # [B, T]
     if not bool(differ.any()):
         # the closest B comes to parting: its largest norm where A's gradient is zero
-        closest = float(b_norms.double().cpu().masked_fill(a_reach, 0.0).max()) if a_norms.numel() else 0.0
+        closest = float(b_norms.masked_fill(a_reach, 0.0).max()) if a_norms.numel() else 0.0
         return ReachComparison(closest, b_threshold, [], "")
     positions = differ.nonzero().tolist()
     b_only = differ & b_reach
     if bool(b_only.any()):
-        measured = float(b_norms.double().cpu()[b_only].nan_to_num(float("inf")).max())
+        measured = float(b_norms[b_only].nan_to_num(float("inf")).max())
         return ReachComparison(
             measured, b_threshold, positions, "B's gradient reaches positions where A's is exactly zero"
         )
-    measured = float(a_norms.double().cpu()[differ].nan_to_num(float("inf")).max())
+    measured = float(a_norms[differ].nan_to_num(float("inf")).max())
     return ReachComparison(measured, a_threshold, positions, "B's gradient is exactly zero at positions A's reaches")
 
 

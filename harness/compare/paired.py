@@ -187,9 +187,8 @@ class PairedAdapter:
         where = batch.predicted_real
         count = a_logits.shape[1]
         where = where[:, where.shape[1] - count :]
-        shape = "x".join(map(str, batch.predicted_ids.shape))
         self._judge(
-            f"a forward of a {shape} batch{' (last %d positions)' % count if keep else ''}",
+            f"a forward of a {sized(batch.predicted_ids)} batch{' (last %d positions)' % count if keep else ''}",
             a_logits,
             b_logits,
             where,
@@ -232,7 +231,7 @@ class PairedAdapter:
         cache = "with" if use_cache else "without"
         self._judge(
             f"generate() of {new_tokens} token(s) {cache} its cache after a "
-            f"{'x'.join(map(str, batch.predicted_ids.shape))} batch",
+            f"{sized(batch.predicted_ids)} batch",
             a_logits, b_logits, before, [("generate", (batch, new_tokens, use_cache))],
             offset=batch.predicted_ids.shape[1],
         )  # fmt: skip
@@ -244,7 +243,7 @@ class PairedAdapter:
         a_norms, a_logits = self.a.input_gradients(batch, outputs, seed)
         b_norms, b_logits = self._on_b(lambda: self.b.input_gradients(batch, outputs, seed))
         history: list[Operation] = [("input_gradients", (batch, outputs, seed))]
-        shape = "x".join(map(str, batch.predicted_ids.shape))
+        shape = sized(batch.predicted_ids)
         self._judge(f"the training forward of a {shape} batch", a_logits, b_logits, batch.predicted_real, history)
         self._judge_reach(f"the backward of a {shape} batch to its token embeddings", a_norms, b_norms, history)
         return a_norms, a_logits
@@ -252,7 +251,7 @@ class PairedAdapter:
     def loss_logit_gradients(self, batch: Batch, labels: Tensor) -> Tensor:
         a_norms = self.a.loss_logit_gradients(batch, labels)
         b_norms = self._on_b(lambda: self.b.loss_logit_gradients(batch, labels))
-        shape = "x".join(map(str, batch.predicted_ids.shape))
+        shape = sized(batch.predicted_ids)
         history: list[Operation] = [("loss_logit_gradients", (batch, labels))]
         self._judge_reach(f"the loss's backward to the logits of a {shape} batch", a_norms, b_norms, history)
         return a_norms
@@ -363,11 +362,16 @@ def replay(
     return logits
 
 
+def sized(tensor: Tensor) -> str:
+    """``[2, 5]`` ids as "2x5", as a call is named in a report."""
+    return "x".join(map(str, tensor.shape))
+
+
 def describe(history: list[Operation]) -> str:
     words = []
     for name, arguments in history:
         if name == "prefill":
-            words.append(f"prefill {'x'.join(map(str, arguments[0].predicted_ids.shape))}")
+            words.append(f"prefill {sized(arguments[0].predicted_ids)}")
         elif name == "step":
             words.append(f"+{arguments[0].shape[1]}")
         elif name == "rearrange":

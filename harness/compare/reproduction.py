@@ -190,25 +190,19 @@ def replay_parting(
     history = [
         (op["name"], tuple(_decoded(arg, tensors, device) for arg in op["arguments"])) for op in data["operations"]
     ]
-    where = tensors[data["where"]["tensor"]].bool()
     if data.get("kind") == "gradients":
         return _replay_backward(data, first, second, history, notes)
+    where = tensors[data["where"]["tensor"]].bool()
     with forward_memo(False), torch.inference_mode():
         a_logits, b_logits, again = replay(first, history), replay(second, history), replay(first, history)
     comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where)
     floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where).max_diff
     tolerance = Tolerance(**data["tolerance"])
     threshold = tolerance.shape_change(floor, data["dtype"], comparison.scale)
-    recorded = data["recorded"]
     said = f"max |d log p| = {comparison.max_diff:.3g}, threshold {threshold:.3g} (floor {floor:.3g})"
-    said += f"; recorded {recorded['max_diff']:.3g} > {recorded['threshold']:.3g}"
-    if comparison.max_diff > threshold:
-        positions = [[r, t + data["offset"]] for r, t in comparison.positions_over(threshold)][:8]
-        message = f"B parts from A in {data['what']}: {said}, at [row, position] {positions}"
-        if data.get("first_module"):
-            message += f"; {data['first_module']}"
-        return PartingReplay("fail", message, comparison.max_diff, threshold, notes)
-    return PartingReplay("pass", f"B agrees with A in {data['what']}: {said}", comparison.max_diff, threshold, notes)
+    parts = comparison.max_diff > threshold
+    positions = [[r, t + data["offset"]] for r, t in comparison.positions_over(threshold)] if parts else []
+    return _judged(data, parts, said, positions, comparison.max_diff, threshold, notes, "B agrees with A")
 
 
 def _replay_backward(
@@ -218,18 +212,33 @@ def _replay_backward(
     with forward_memo(False):
         a_norms, b_norms = (replay(side, history, kind="gradients") for side in (first, second))
     reach = compare_reach(a_norms, b_norms, Tolerance(**data["tolerance"]), data["dtype"])
-    recorded = data["recorded"]
     said = f"gradient norm {reach.max_diff:.3g}, threshold {reach.threshold:.3g} (noise floor 0)"
-    said += f"; recorded {recorded['max_diff']:.3g} > {recorded['threshold']:.3g}"
     if reach.parts:
-        message = f"B parts from A in {data['what']}: {reach.how}: {said}, at [row, position] {reach.positions[:8]}"
-        if data.get("first_module"):
-            message += f"; {data['first_module']}"
-        return PartingReplay("fail", message, reach.max_diff, reach.threshold, notes)
-    return PartingReplay(
-        "pass", f"B's backward reaches the positions A's does in {data['what']}: {said}", reach.max_diff,
-        reach.threshold, notes,
-    )  # fmt: skip
+        said = f"{reach.how}: {said}"
+    agrees = "B's backward reaches the positions A's does"
+    return _judged(data, reach.parts, said, reach.positions, reach.max_diff, reach.threshold, notes, agrees)
+
+
+def _judged(
+    data: dict[str, Any],
+    parts: bool,
+    said: str,
+    positions: list[list[int]],
+    max_diff: float,
+    threshold: float,
+    notes: list[str],
+    agrees: str,
+) -> PartingReplay:
+    """The replay's verdict: a failure where the two part at ``positions`` (``said``: what
+    was measured), with what compare recorded and the first differing module it named."""
+    recorded = data["recorded"]
+    said += f"; recorded {recorded['max_diff']:.3g} > {recorded['threshold']:.3g}"
+    if not parts:
+        return PartingReplay("pass", f"{agrees} in {data['what']}: {said}", max_diff, threshold, notes)
+    message = f"B parts from A in {data['what']}: {said}, at [row, position] {positions[:8]}"
+    if data.get("first_module"):
+        message += f"; {data['first_module']}"
+    return PartingReplay("fail", message, max_diff, threshold, notes)
 
 
 def test_source(data: dict[str, Any]) -> str:
