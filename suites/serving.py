@@ -204,13 +204,20 @@ class ServingSuite(Suite):
     # -- what the cache can do, measured on a probe decode -------------------------------------
 
     def support(self, b: ServingBatches) -> dict[str, str | None]:
-        """Each operation's reason to be n/a (None: it runs), from 2 rows of 3 tokens decoded 2 more."""
+        """Each operation's reason to be n/a (None: it runs), from 2 rows of 3 tokens decoded 2 more.
+
+        What a cache declares it cannot do is a property of its kind, not of what it holds,
+        so the probes operate on branches (:meth:`Adapter.fork`) of one decode, and the
+        rollback probe on one decode prepared for rollback."""
         adapter = b.adapter
         _, prompt = b.prompt([3, 2], 97, 0)
         more = b.tokens(prompt.size, 2, 98)
+        decodes: dict[bool, Any] = {}
 
         def decoded_state(rollback: bool = False) -> Any:
-            return adapter.step(adapter.prefill(prompt, rollback=rollback)[1], more)[1]
+            if rollback not in decodes:
+                decodes[rollback] = adapter.step(adapter.prefill(prompt, rollback=rollback)[1], more)[1]
+            return adapter.fork(decodes[rollback])
 
         answers = {
             "rollback": supported(lambda: adapter.rollback(decoded_state(rollback=True), 1)),

@@ -283,3 +283,28 @@ def test_requests_for_the_last_positions_stack_and_each_gets_its_own(decoder: An
         expected = full if keep is None else full[:, -keep:]
         assert replies[i].shape == expected.shape
         torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)
+
+
+def test_a_same_shape_pair_is_remembered_row_by_row_only_where_rows_may_share_forwards(decoder: Any) -> None:
+    """``one_forward``: where stacking is licensed the pair is two requests the engine runs
+    as one forward and remembers one by one, so a later request for either is served; where
+    it is not, the pair is the one batch asked for, and its halves are nobody's call."""
+    from maskcheck.harness.engine.batching import one_forward, stacking
+
+    base, other = Batch(ids((2, 5), seed=7)), Batch(ids((2, 5), seed=8))
+    calls: list[int] = []
+    original = decoder.logits
+    decoder.logits = lambda batch, keep=None: calls.append(batch.size) or original(batch, keep)  # type: ignore[method-assign]
+    try:
+        for licensed, forwards in ((False, [4]), (True, [4])):
+            decoder.forward_memo.clear()
+            calls.clear()
+            with stacking(licensed):
+                pair = run_alone(one_forward(decoder, [base, other]))  # [4, 5, V]
+                assert calls == forwards  # one forward of both, either way
+                assert decoder.remembers(base) is licensed
+            decoder.forward_memo.clear()
+            alone = original(base)  # [2, 5, V], its own forward
+            torch.testing.assert_close(pair[:2], alone, atol=STACKED_ATOL, rtol=0)
+    finally:
+        del decoder.logits

@@ -167,6 +167,11 @@ def logging_calls(log: CallLog | None) -> Iterator[None]:
         _CALLS.reset(token)
 
 
+def current_log() -> CallLog | None:
+    """Where the calls made here are noted (None: nowhere)."""
+    return _CALLS.get()
+
+
 def note_call(path: CallPath, batch: Any, position_offset: int) -> None:
     """Note a logits, loss or gradient call in the current case's log, if one is kept."""
     log = _CALLS.get()

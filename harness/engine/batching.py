@@ -29,15 +29,16 @@ widened by padding columns on that side (mask 0, the pad id): ``batch_compositio
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from ..adapters.base import BATCH_FIELDS, Adapter, Batch, concat, pad_token
 from ..adapters.memo import not_stored
-from ..adapters.paths import CallLog, logging_calls
+from ..adapters.paths import CallLog, current_log, logging_calls
 
 #: A forward's fixed cost, in tokens of its per-token cost: padding that costs more than the
 #: forward it saves is never added. Measured on a CPU by ``benchmarks/audit_overhead.py
@@ -93,6 +94,35 @@ Request = Union[Logits, Greedy, list[Logits]]
 Evaluation = Generator[Request, Any, Any]
 Result = Union[Any, BaseException]  # an evaluation's outcome, or what it raised
 
+#: True where the rows of one forward may be any requests' (the model's rows were shown not to
+#: read each other: ``padding/batch_composition``, harness/audits/runner.py), set by :func:`stacking`
+_STACKING: ContextVar[bool] = ContextVar("maskcheck_stacking", default=False)
+
+
+@contextlib.contextmanager
+def stacking(licensed: bool) -> Iterator[None]:
+    """Inside, requests may share forwards (``licensed``) or each gets forwards of its own."""
+    token = _STACKING.set(licensed)
+    try:
+        yield
+    finally:
+        _STACKING.reset(token)
+
+
+def one_forward(adapter: Adapter, batches: Sequence[Batch]) -> Evaluation:
+    """The logits of ``batches`` stacked along the batch dimension ``[sum B, T, V]``, asked
+    as one forward (every batch of one shape and kind of mask).
+
+    Where requests may share forwards (:func:`stacking`) each batch is asked as a request
+    of its own, which the engine stacks into one forward as it would have run them, and
+    remembers one by one: a later check asking for one of them is served from the memo.
+    Elsewhere the batches run as the one batch asked for, since each row's logits may then
+    depend on the rows beside it."""
+    if _STACKING.get():
+        parts = yield [Logits(adapter, batch) for batch in batches]
+        return torch.cat(parts)
+    return (yield Logits(adapter, concat(list(batches))))
+
 
 def run_alone(evaluation: Any) -> Any:
     """The outcome of one evaluation (or a plain outcome, returned as it is), one forward per request."""
@@ -105,7 +135,12 @@ def run_alone(evaluation: Any) -> Any:
         except StopIteration as stop:
             return stop.value
         asked = request if isinstance(request, list) else [request]
-        answers = [_forward(r) for r in asked]
+        if _STACKING.get() and len(asked) > 1:  # forwards that do not wait on each other, stacked
+            log = current_log()  # each request's call noted where a call made here is
+            replies = answer(dict(enumerate(asked)), lambda key: log)
+            answers = [replies[i] for i in range(len(asked))]
+        else:
+            answers = [_forward(r) for r in asked]
         reply = _reply(request, answers)
 
 
@@ -127,7 +162,17 @@ def run_together(
 
     Returns, per evaluation, its outcome or the exception it raised; ``on_done(i)`` is called
     as evaluation ``i`` finishes (a progress display). ``logs[i]``: where evaluation ``i``'s
-    model calls are noted (harness/adapters/paths.py:CallLog), each stacked request as its own."""
+    model calls are noted (harness/adapters/paths.py:CallLog), each stacked request as its own.
+    Its callers have the licence to stack (:func:`stacking`), which holds inside."""
+    with stacking(True):
+        return _drive_together(evaluations, on_done, logs)
+
+
+def _drive_together(
+    evaluations: Sequence[Any],
+    on_done: Callable[[int], None] | None,
+    logs: Sequence[CallLog | None] | None,
+) -> list[Result]:
     results: list[Result] = [None] * len(evaluations)
     waiting: dict[int, Request] = {}
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..adapters.base import Adapter, Batch, Capabilities, concat, pad_token, positions_from_mask
 from ..adapters.paths import TRAINING_BACKWARD
-from .batching import Evaluation, Logits
+from .batching import Evaluation, Logits, one_forward
 from .suite import Check, Outcome, RunContext
 from .tolerance import Comparison, compare_logits, compare_rows
 from .verdict import CheckResult
@@ -100,7 +100,7 @@ def same_shape_outcome(
     passes at floor 0 passes at any floor. A case that does not is judged again on the
     forward the floor needs, ``[base, base, perturbed]``, as if the first had not run."""
     size = base.size
-    logits = yield Logits(adapter, concat([base, perturbed]))  # [2B, T, V]
+    logits = yield from one_forward(adapter, [base, perturbed])  # [2B, T, V]
     comparison = compare_logits(logits[:size], logits[size:], where)
     outcome = verdict(comparison, 0.0, context.tolerance.same_shape(0.0, context.dtype, comparison.scale), what)
     if outcome.status == "pass":

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ..adapters.base import Adapter, AdapterError, Capabilities
 from ..adapters.paths import CallLog, logging_calls
-from .batching import run_alone, run_together
+from .batching import run_alone, run_together, stacking
 from .profiles import profile_settings, without_local_constants
 from .strategies import MARK, reaching
 from .tolerance import Tolerance
@@ -499,6 +499,12 @@ class CheckRun:
         """Answer each case in order; raise :class:`CaseFailed` at the first failing one."""
         if self.failures and self.shrinking_stopped() and not self.from_memo(cases):
             return  # no new case: the shrinker sees no progress and reports the smallest failure so far
+        with stacking(self.context.batch_cases and self.check.batchable):
+            self.evaluate_in_order(cases)
+
+    def evaluate_in_order(self, cases: list[Any]) -> None:
+        """:meth:`evaluate_all`'s cases: together first where stacking is licensed, then each
+        in order (from the memo where it was evaluated together)."""
         if self.context.batch_cases and self.check.batchable:
             self.evaluate_together(cases)
         for case in cases:
