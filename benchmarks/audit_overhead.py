@@ -60,6 +60,7 @@ from benchmark_models import COUNTED, MODELS, gpt2_shape, gpt2_small  # noqa: E4
 from versus_peer import audit_process, medians, peer_run, print_comparison, print_versus_peer  # noqa: E402
 
 from maskcheck import audit  # noqa: E402
+from maskcheck.harness.adapters.memo import tensor_fingerprint  # noqa: E402
 from maskcheck.harness.adapters.specs import adapter_for  # noqa: E402
 from maskcheck.harness.engine.profile_names import PROFILE_NAMES  # noqa: E402
 
@@ -273,12 +274,14 @@ def count(
     suites: list[str] | None = None,
     examples: int | None = None,
     by_check: dict[str, collections.Counter] | None = None,
+    by_kind: dict[str, collections.Counter] | None = None,
 ) -> tuple[dict[tuple[str, str], collections.Counter], Any]:
     """Forwards, rows and input tokens of one audit, by (suite, call path): what an audit
     asks of the model, whatever the machine. ``target``: a model, an adapter or a spec
     (``mutant:NAME``); ``examples`` replaces the profile's case count, as ``--examples``
     does. Backward passes of the gradient checks are counted as the forwards they follow
-    (``grad``). ``by_check`` receives the same tallies by ``suite/check`` (every path)."""
+    (``grad``). ``by_check`` receives the same tallies by ``suite/check`` (every path), and
+    ``by_kind`` by what the forward is (:func:`forward_kind`)."""
     from maskcheck.harness.adapters.specs import load_adapter
     from maskcheck.harness.audits import runner
 
@@ -288,12 +291,16 @@ def count(
     kind, original_run_one = type(adapter.model), runner._run_one
     original_forward = kind.forward
 
+    computed: set[tuple] = set()  # every row of a full forward or prefill so far, as forward_kind keys it
+
     @functools.wraps(original_forward)
     def counted_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         ids = kwargs.get("input_ids", args[0] if args else None)
         tallies = [counts[(where.suite, where.path)]]
         if by_check is not None:
             tallies.append(by_check[f"{where.suite}/{where.check}" if where.check else where.suite])
+        if by_kind is not None:
+            tallies.append(by_kind[forward_kind(module, kwargs, ids, computed)])
         for tally in tallies:
             tally["forwards"] += 1
             tally["grad"] += torch.is_grad_enabled()
@@ -328,6 +335,46 @@ def count(
         kind.forward = original_forward  # type: ignore[method-assign]
         runner._run_one = original_run_one
     return counts, result
+
+
+def forward_kind(module: torch.nn.Module, kwargs: dict, ids: Any, computed: set[tuple]) -> str:
+    """What a forward of a transformers model is: a cached decode step, a prefill, a loss, a
+    forward with gradients (the training path, the gradient checks) or one of logits; and
+    for all but a step, whether every row of it (ids, mask, positions, mode) was computed
+    in an earlier forward of the audit (``computed``, updated): a noise floor's copy, a
+    fresh decode's repeat, a loss beside its logits."""
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    length = getattr(cache, "get_seq_length", None)
+    if cache is not None and (not callable(length) or int(length()) > 0):
+        return "decode step"
+    if cache is not None or kwargs.get("use_cache"):
+        kind = "prefill"
+    elif kwargs.get("labels") is not None:
+        kind = "loss"
+    elif torch.is_grad_enabled():
+        kind = "with gradients"
+    else:
+        kind = "logits"
+    if not isinstance(ids, torch.Tensor):
+        return kind
+    mask, positions = kwargs.get("attention_mask"), kwargs.get("position_ids")
+
+    def digest(value: Any, row: int) -> Any:
+        return None if not isinstance(value, torch.Tensor) else tensor_fingerprint(value[row])
+
+    rows = [
+        (torch.is_grad_enabled(), module.training, digest(ids, r), digest(mask, r), digest(positions, r))
+        for r in range(ids.shape[0])
+    ]
+    repeated = all(row in computed for row in rows)
+    computed.update(rows)
+    return f"{kind}, every row computed before" if repeated else kind
+
+
+def print_kind_counts(by_kind: dict[str, collections.Counter]) -> None:
+    print("\n  forwards by kind (every path)")
+    for kind, tally in sorted(by_kind.items(), key=lambda item: -item[1]["forwards"]):
+        print(f"  {kind:<42} {tally['forwards']:>6} forwards {tally['tokens']:>8} tokens")
 
 
 def print_counts(name: str, profile: str, counts: dict[tuple[str, str], collections.Counter], result: Any) -> None:
@@ -572,11 +619,13 @@ def main() -> int:
     if args.count:
         for name in list(MODELS) if args.model == "both" else [args.model]:
             by_check: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+            by_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
             counts, result = count(
                 COUNTED[name]().to(device=args.device, dtype=getattr(torch, args.dtype)),
                 args.profile,
                 examples=args.examples,
                 by_check=by_check,
+                by_kind=by_kind,
             )
             print_counts(
                 name,
@@ -585,6 +634,7 @@ def main() -> int:
                 result,
             )
             print_check_counts(by_check)
+            print_kind_counts(by_kind)
         return 0
     if args.model == "gpt2-narrow":
         parser.error("gpt2-narrow is for --count: it has gpt2-small's cases, not its cost")

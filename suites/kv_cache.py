@@ -41,7 +41,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..harness.adapters.base import Adapter, Batch, Capabilities, LogitsShapeError
+from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.errors import LogitsShapeError
 from ..harness.engine.batching import Evaluation, Greedy, Logits
 from ..harness.engine.cases import (
     RowBatches,

@@ -136,8 +136,8 @@ def run_alone(evaluation: Any) -> Any:
             return stop.value
         asked = request if isinstance(request, list) else [request]
         if _STACKING.get() and len(asked) > 1:  # forwards that do not wait on each other, stacked
-            log = current_log()  # each request's call noted where a call made here is
-            replies = answer(dict(enumerate(asked)), lambda key: log)
+            # each request's call noted where a call made here is
+            replies = answer(dict(enumerate(asked)), lambda key, log=current_log(): log)
             answers = [replies[i] for i in range(len(asked))]
         else:
             answers = [_forward(r) for r in asked]
