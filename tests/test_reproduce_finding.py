@@ -5,6 +5,7 @@ rests on)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +17,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sweep" / "reprodu
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # its sibling modules, on the path as when it runs as a script
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("reproduce_finding", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

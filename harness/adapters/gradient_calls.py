@@ -9,7 +9,7 @@ reaches, an exact zero where a mask holds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -17,12 +17,10 @@ from torch import Tensor
 from .errors import AdapterError, check_logits
 from .paths import note_call, trainable_copy, training_forward
 
-if TYPE_CHECKING:
-    from .base import Batch
-
 
 class GradientCalls:
-    """:meth:`input_gradients` and :meth:`loss_logit_gradients`, and the modules they hook."""
+    """:meth:`input_gradients` and :meth:`loss_logit_gradients`, and the modules they hook.
+    ``batch`` is a ``base.Batch`` (typed ``Any`` here: base imports this module)."""
 
     model: Any
     path: Any
@@ -49,7 +47,7 @@ class GradientCalls:
             declared = self.model.get_submodule(declared)
         return declared if isinstance(declared, torch.nn.Module) else None
 
-    def input_gradients(self, batch: Batch, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+    def input_gradients(self, batch: Any, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
         """The backward of a training step, measured: ``[B, T]`` float64, the norm at each
         predicted-side position's token embedding of the gradient of ``sum over outputs
         [B, T] (True: included) of log_softmax(logits) . u`` (``u [V]`` a random direction
@@ -130,7 +128,7 @@ class GradientCalls:
         heads = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == vocab]
         return heads[-1] if heads else None
 
-    def loss_logit_gradients(self, batch: Batch, labels: Tensor) -> Tensor:
+    def loss_logit_gradients(self, batch: Any, labels: Tensor) -> Tensor:
         """``[B, T]`` float64: at each predicted position, the norm of the gradient of the
         model's own loss (unshifted ``labels``, -100 ignored) with respect to that position's
         logits. The logits are the output of :meth:`logits_module`, replaced by a leaf that
