@@ -259,7 +259,13 @@ class PaddingSuite(Suite):
         mask = with_positions.predicted_mask
         counting_padding = torch.arange(length, device=mask.device).expand_as(mask) + b.caps.position_offset  # [B, T]
         ignoring_mask = Batch(without.input_ids, without.attention_mask, counting_padding)
-        logits_without, logits_ignoring = yield [Logits(b.adapter, without), Logits(b.adapter, ignoring_mask)]
+        # The derived positions' forward is asked here too, beside the forward of positions counting
+        # the padding (the same inputs, so they share one): with_floor below is served it.
+        logits_without, logits_ignoring, _ = yield [
+            Logits(b.adapter, without),
+            Logits(b.adapter, ignoring_mask),
+            Logits(b.adapter, with_positions),
+        ]
 
         def judge(logits: Tensor, floor: float) -> Outcome:
             pairs = [
