@@ -259,9 +259,9 @@ class PaddingSuite(Suite):
         mask = with_positions.predicted_mask
         counting_padding = torch.arange(length, device=mask.device).expand_as(mask) + b.caps.position_offset  # [B, T]
         ignoring_mask = Batch(without.input_ids, without.attention_mask, counting_padding)
-        # The derived positions' forward is asked here too, beside the forward of positions counting
-        # the padding (the same inputs, so they share one): with_floor below is served it.
-        logits_without, logits_ignoring, _ = yield [
+        # The derived positions' forward is asked here, beside the forward of positions counting
+        # the padding (the same inputs, so the two share one), and handed to with_floor below.
+        logits_without, logits_ignoring, logits_derived = yield [
             Logits(b.adapter, without),
             Logits(b.adapter, ignoring_mask),
             Logits(b.adapter, with_positions),
@@ -296,7 +296,7 @@ class PaddingSuite(Suite):
             )
             return outcome
 
-        return (yield from with_floor(b.adapter, with_positions, mask.bool(), judge))
+        return (yield from with_floor(b.adapter, with_positions, mask.bool(), judge, first=logits_derived))
 
 
 def _rows(lengths: tuple[int, ...]) -> str:

@@ -118,14 +118,16 @@ def with_floor(
     where: Tensor,
     judge: Callable[[Tensor, float], Outcome],
     keep: int | None = None,
+    first: Tensor | None = None,
 ) -> Evaluation:
     """``judge(logits of batch [B, T, V], floor)`` at floor 0; a judgement that is not a pass
     is made again on ``batch`` run beside its copy, at the floor the copy measures (the
     difference of the two at ``where [B, T]``). Every threshold grows with the floor, so a
     pass at floor 0 is a pass at any floor, and the copy costs nothing on a case that passes.
     ``keep``: the judge compares only the last ``keep`` positions, and gets (and ``where``
-    covers) only those, ``[B, keep, V]``."""
-    logits = yield Logits(adapter, batch, keep)  # [B, T or keep, V]
+    covers) only those, ``[B, keep, V]``. ``first``: the logits of ``batch`` (and ``keep``),
+    asked for already beside other requests; None: asked here."""
+    logits = (yield Logits(adapter, batch, keep)) if first is None else first  # [B, T or keep, V]
     outcome = judge(logits, 0.0)
     if outcome.status == "pass":
         return outcome

@@ -499,13 +499,14 @@ class CheckRun:
         """Answer each case in order; raise :class:`CaseFailed` at the first failing one."""
         if self.failures and self.shrinking_stopped() and not self.from_memo(cases):
             return  # no new case: the shrinker sees no progress and reports the smallest failure so far
-        with stacking(self.context.batch_cases and self.check.batchable):
-            self.evaluate_in_order(cases)
+        licensed = self.context.batch_cases and self.check.batchable
+        with stacking(licensed):
+            self.evaluate_in_order(cases, licensed)
 
-    def evaluate_in_order(self, cases: list[Any]) -> None:
-        """:meth:`evaluate_all`'s cases: together first where stacking is licensed, then each
-        in order (from the memo where it was evaluated together)."""
-        if self.context.batch_cases and self.check.batchable:
+    def evaluate_in_order(self, cases: list[Any], licensed: bool) -> None:
+        """:meth:`evaluate_all`'s cases: together first where stacking is ``licensed``, then
+        each in order (from the memo where it was evaluated together)."""
+        if licensed:
             self.evaluate_together(cases)
         for case in cases:
             key = _memo_key(case)
