@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, AdapterError, Batch, ServingUnsupported
+from ..harness.adapters.memo import forward_memo
 from ..harness.adapters.serving import select_rows
 from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import random_ids, random_rows, row_lengths, shape_change_outcome, verdict, with_floor
@@ -200,7 +201,9 @@ def same_computation(
     outcome = judged(0.0)
     if outcome.status == "pass":
         return outcome
-    return judged(compare_logits(fresh, again(), where).max_diff)
+    with forward_memo(False):  # the repeat is the measurement: computed, never served
+        repeated = again()
+    return judged(compare_logits(fresh, repeated, where).max_diff)
 
 
 def supported(probe: Callable[[], Any]) -> str | None:

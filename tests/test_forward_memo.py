@@ -47,7 +47,7 @@ def verdicts(result):  # type: ignore[no-untyped-def]
 )
 @pytest.mark.call_paths  # the path replays are where calls repeat most
 def test_an_audit_with_reuse_gives_the_verdicts_cases_and_messages_of_one_without(build) -> None:  # type: ignore[no-untyped-def]
-    suites = ["causal", "padding", "loss_masking", "packing", "kv_cache"]
+    suites = ["causal", "padding", "loss_masking", "packing", "kv_cache", "serving"]
     with forward_memo(False):
         without = audit(build(), suites, profile="ci")
     adapter = build()
@@ -109,3 +109,68 @@ def test_a_fresh_decode_is_remembered_by_its_prompt_and_the_tokens_fed_after_it(
     assert adapter.forward_memo.hits == hits + 1  # other tokens fed: decoded, not served
     torch.testing.assert_close(other_tokens[1], first[1], rtol=0, atol=0)  # the same prefix decodes alike
     assert not torch.equal(other_tokens[2][:, -1], first[2][:, -1])
+
+
+def prompt_batch() -> Batch:
+    return Batch(torch.tensor([[0, 3, 4, 5], [6, 7, 8, 9]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+
+
+def test_a_prefill_is_served_as_its_logits_and_a_copy_of_the_state_it_left() -> None:
+    adapter = HFAdapter(tiny_model("gpt2", "eager"))
+    prompt, tokens = prompt_batch(), [torch.tensor([[10], [11]]), torch.tensor([[12, 13], [14, 15]])]
+    with forward_memo(False):  # each decode as a fresh prefill computes it
+        expected = [adapter.step(adapter.prefill(prompt)[1], fed)[0] for fed in tokens]
+    logits, state = adapter.prefill(prompt)
+    adapter.step(state, tokens[1])  # the caller's state moves on; the kept one must not
+    hits = adapter.forward_memo.hits
+    for fed, stepped in zip(tokens, expected):  # each serving's step must leave the next one alone too
+        served_logits, served_state = adapter.prefill(prompt)
+        torch.testing.assert_close(served_logits, logits, rtol=0, atol=0)
+        torch.testing.assert_close(adapter.step(served_state, fed)[0], stepped, rtol=0, atol=0)
+    assert adapter.forward_memo.hits == hits + 2
+    adapter.prefill(prompt, rollback=True)  # prepared for rollback: another state, prefilled
+    assert adapter.forward_memo.hits == hits + 2
+    with forward_memo(False):  # a repeat made to measure a floor is computed
+        adapter.prefill(prompt)
+    assert adapter.forward_memo.hits == hits + 2
+
+
+def test_a_prefill_is_not_served_to_a_model_that_keeps_state_in_its_modules() -> None:
+    # RecurrentGemma assigns its recurrent and convolution states to module attributes in
+    # every forward: a copy of the returned cache does not reach them
+    from maskcheck.reference_models.hf_tiny import shrunk_model
+
+    adapter = HFAdapter(shrunk_model("recurrent_gemma", "causal-lm"))
+    hits = adapter.forward_memo.hits
+    adapter.prefill(prompt_batch())
+    adapter.prefill(prompt_batch())
+    assert adapter.forward_memo.hits == hits
+
+
+def test_a_prefill_is_served_only_to_the_cache_implementation_that_made_it() -> None:
+    adapter = HFAdapter(tiny_model("llama", "eager"))
+    adapter.prefill(prompt_batch())
+    static = adapter.with_cache_implementation("static")
+    hits = adapter.forward_memo.hits
+    _, state = static.prefill(prompt_batch())
+    assert adapter.forward_memo.hits == hits
+    assert "Static" in type(static.generation.cache_of(state)[1]).__name__
+
+
+def test_a_serving_floor_repeats_its_computation_with_the_memo_off() -> None:
+    from maskcheck.harness.adapters.memo import memo_enabled
+    from maskcheck.harness.engine.suite import RunContext
+    from maskcheck.harness.engine.tolerance import tolerance_for
+    from maskcheck.suites.serving_cases import same_computation
+
+    fresh = torch.zeros(1, 2, 5)
+    moved = fresh.clone()
+    moved[0, 1, 0] = 1e-3
+    seen = []
+
+    def again() -> torch.Tensor:
+        seen.append(memo_enabled())
+        return fresh.clone()
+
+    same_computation(RunContext(tolerance_for("cpu", "float32")), fresh, again, [(moved, "moved")])
+    assert seen == [False]

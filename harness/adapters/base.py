@@ -299,9 +299,13 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
                 f"{self.spec} has no cache: {self.capabilities.no_cache_reason or 'none declared'}"
             )
         self._check_eval()
-        with torch.inference_mode():
-            logits, state = self._prefill(batch, rollback=True) if rollback else self._prefill(batch)
-        return self._prefill_logits(logits, batch), state
+
+        def prefill() -> tuple[Tensor, Any]:
+            with torch.inference_mode():
+                logits, state = self._prefill(batch, rollback=True) if rollback else self._prefill(batch)
+            return self._prefill_logits(logits, batch), state
+
+        return self.remembered_prefill(batch, rollback, prefill)
 
     def _prefill_logits(self, logits: Any, batch: Batch) -> Tensor:
         ids = batch.predicted_ids

@@ -444,6 +444,15 @@ class HFAdapter(Adapter):
         )
         return output.sequences[:, -new_tokens:], torch.stack(output.logits, dim=1)  # [B, n], [B, n, V]
 
+    #: fork() deep-copies the cache and everything generate() carries between forwards
+    copies_states = True
+
+    def _state_settings(self) -> tuple:
+        if self.generation is None:
+            return ()
+        plain = (bool, int, float, str, type(None))
+        return tuple(sorted((name, value) for name, value in vars(self.generation).items() if isinstance(value, plain)))
+
     def fork(self, state: HFState | GenerationState) -> HFState | GenerationState:
         # Cache objects are mutated in place by forward, so a branch needs its own copy, as
         # transformers' docs copy a prompt cache (copy.deepcopy). A stateful model, such as

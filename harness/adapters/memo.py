@@ -16,6 +16,12 @@ What is served is a copy, so a check that writes into its logits cannot change a
 A *fresh* cached decode is remembered the same way (``Adapter.decoded``: a prompt and the
 tokens fed after it; ``batching.greedy``): it starts from a new cache, so it is a function of
 its inputs, and a call path replaying a cache check reuses the canonical path's decode.
+A *prefill* is remembered with the state it left (:class:`RememberedPrefill`) where the
+adapter's :meth:`~base.Adapter.fork` copies the whole state (``Adapter.copies_states``) and
+the prefill was measured to leave nothing in the model's modules (:func:`module_tensors`
+equal before and after it: RecurrentGemma's recurrent state lives there, and no copy of the
+returned state reaches it); it is served as its logits and a fresh copy of that state, so
+the serving checks that start several decodes from one prompt prefill it once.
 Never served: a step of a decode in progress or a serving operation (they advance or change a
 state), losses, the gradient checks' forwards (they call the model themselves, with their own
 backward), and a forward made to measure run-to-run differences (``forward_memo(False)``).
@@ -34,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Union
 
 import torch
@@ -109,15 +115,76 @@ def batch_fingerprint(batch: Any) -> tuple:
     return tuple((f.name, tensor_fingerprint(getattr(batch, f.name))) for f in fields(batch))
 
 
-Remembered = Union[Tensor, tuple[Tensor, ...]]
+def module_tensors(model: Any) -> tuple | None:
+    """Every tensor a module of ``model`` holds outside its parameters and buffers (an
+    attribute, or a list, tuple or dict of them), by module, name, identity and version
+    counter: a forward that keeps state in its modules (RecurrentGemma's recurrent states,
+    a cache in the module's own attributes) assigns or writes one of them, so this differs
+    before and after it. None for a model that is not a module: nothing is known of it."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    held = []
+    for module_name, module in model.named_modules():
+        for name, value in vars(module).items():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+            for item in values:
+                if isinstance(item, Tensor) and name not in ("_parameters", "_buffers"):
+                    held.append((module_name, name, id(item), None if item.is_inference() else item._version))
+    return tuple(held)
+
+
+def state_bytes(state: Any, depth: int = 8) -> int:
+    """The bytes of the tensors a decoding state holds (a cache object's layers, masks,
+    kwargs), each storage counted once: what a remembered prefill costs the memo."""
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> int:
+        if isinstance(value, Tensor):
+            storage = value.untyped_storage()
+            if storage.data_ptr() in seen:
+                return 0
+            seen.add(storage.data_ptr())
+            return storage.nbytes()
+        if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None), torch.nn.Module)):
+            return 0
+        if isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            items = list(value)
+        else:
+            items = list(getattr(value, "__dict__", {}).values())
+        return sum(walk(item, depth - 1) for item in items)
+
+    return walk(state, depth)
+
+
+@dataclass(frozen=True)
+class RememberedPrefill:
+    """A prefill's logits ``[B, T, V]`` and the state it left, kept as a copy nobody
+    decodes from: each serving is the logits cloned and a fresh ``fork`` of the state."""
+
+    logits: Tensor
+    state: Any
+    fork: Callable[[Any], Any]
+    nbytes: int
+
+    def copy(self) -> "RememberedPrefill":
+        return RememberedPrefill(self.logits.detach().clone(), self.fork(self.state), self.fork, self.nbytes)
+
+
+Remembered = Union[Tensor, tuple[Tensor, ...], RememberedPrefill]
 
 
 def _bytes(value: Remembered) -> int:
+    if isinstance(value, RememberedPrefill):
+        return value.nbytes
     tensors = value if isinstance(value, tuple) else (value,)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _copy(value: Remembered) -> Remembered:
+    if isinstance(value, RememberedPrefill):
+        return value.copy()
     if isinstance(value, tuple):
         return tuple(t.detach().clone() for t in value)
     return value.detach().clone()
@@ -175,6 +242,9 @@ class MemoisedCalls:
     path: Any
     capabilities: Any
     forward_memo: ForwardMemo
+    #: whether :meth:`fork` copies everything a decoding state holds, so a prefill may be served
+    copies_states: bool = False
+    fork: Callable[[Any], Any]
 
     def _call_key(self, batch: Any, keep: int | None) -> tuple | None:
         """What identifies this call of the model (the module docstring), for ``batch`` as the path hands it
@@ -201,7 +271,8 @@ class MemoisedCalls:
         version = weights_version(self.model) if memo_enabled() else None
         if version is None:
             return None
-        return ("decode", id(self.model), version, self._call_settings(), batch_fingerprint(prompt), what)
+        settings = (self._call_settings(), self._state_settings())
+        return ("decode", id(self.model), version, settings, batch_fingerprint(prompt), what)
 
     def remembers_decoding(self, prompt: Any, what: tuple) -> bool:
         key = self._decoding_key(prompt, what)
@@ -238,6 +309,25 @@ class MemoisedCalls:
             return tuple(pieces)
 
         return self.fresh_decoding(prompt, ("steps", *(tensor_fingerprint(tokens) for tokens in steps)), decode)
+
+    def remembered_prefill(self, batch: Any, rollback: bool, prefill: Callable[[], tuple[Tensor, Any]]) -> Any:
+        """``prefill()`` of ``batch``, or the logits and a fresh copy of the state an
+        identical prefill left earlier in this audit (the module docstring says when)."""
+        key = self._decoding_key(batch, ("prefill", rollback)) if self.copies_states else None
+        remembered = None if key is None else self.forward_memo.get(key)
+        if remembered is not None:
+            return remembered.logits, remembered.state
+        before = None if key is None else module_tensors(self.model)
+        logits, state = prefill()
+        if before is not None and memo_storing() and module_tensors(self.model) == before:
+            kept = self.fork(state)
+            self.forward_memo.put(key, RememberedPrefill(logits, kept, self.fork, _bytes(logits) + state_bytes(kept)))
+        return logits, state
+
+    def _state_settings(self) -> tuple:
+        """What shapes a decoding state besides the call settings (a cache implementation
+        chosen for a copy of the adapter): part of a decode's key."""
+        return ()
 
     def _call_settings(self) -> tuple:
         """What of this adapter shapes a call besides the batch and the path: its capabilities
