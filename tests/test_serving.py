@@ -155,6 +155,7 @@ def test_the_repeated_fresh_decode_runs_only_where_the_judgement_at_floor_zero_i
     """A pass at floor 0 is a pass at any floor: the second fresh decode, which measures the
     floor, is made only for a case that does not pass without it, and a leak larger than
     that floor still fails."""
+    from maskcheck.harness.adapters.memo import memo_enabled
     from maskcheck.harness.engine.suite import RunContext
     from maskcheck.harness.engine.tolerance import tolerance_for
     from maskcheck.suites.serving_cases import same_computation
@@ -165,6 +166,7 @@ def test_the_repeated_fresh_decode_runs_only_where_the_judgement_at_floor_zero_i
     repeats: list[int] = []
 
     def again(noise: float) -> torch.Tensor:
+        assert not memo_enabled()  # the repeat is the measurement: computed, never served
         repeats.append(1)
         return fresh + noise * tilt
 
@@ -174,3 +176,28 @@ def test_the_repeated_fresh_decode_runs_only_where_the_judgement_at_floor_zero_i
     assert rounded.status == "pass" and rounded.floor > 0 and repeats == [1]
     leaked = same_computation(context, fresh, lambda: again(1e-3), [(fresh + 0.5 * tilt, "a leak")])
     assert leaked.status == "fail" and "a leak" in leaked.message and repeats == [1, 1]
+
+
+@pytest.mark.parametrize("copies_states", [True, False])
+def test_reuse_repeats_its_fresh_decode_before_other_requests_unless_the_model_keeps_no_state_of_its_own(
+    copies_states: bool,
+) -> None:
+    """The floor's repeat of the fresh decode runs before the reused requests where the state
+    may live outside what a decode returns; where the fresh decode was measured to keep
+    nothing elsewhere (a state the adapter copies whole, modules unchanged), it runs only if
+    the judgement at floor 0 is not a pass, and on this clean model it is a pass."""
+    from maskcheck.harness.engine.suite import RunContext
+    from maskcheck.harness.engine.tolerance import tolerance_for
+    from maskcheck.suites.serving import ReuseCase, ServingSuite
+    from maskcheck.suites.serving_cases import ServingBatches
+
+    adapter = HFAdapter(tiny_model("gpt2", "eager"))
+    adapter.copies_states = copies_states
+    forwards = []
+    adapter.model.register_forward_hook(lambda *_: forwards.append(1))
+    case = ReuseCase(first_lengths=(3,), second_lengths=(2, 2, 2), first_steps=0, steps=2, source_padding=0, seed=0)
+    context = RunContext(tolerance=tolerance_for("cpu", "float32"))
+    outcome = ServingSuite().reuse(ServingBatches(adapter), context, case)
+    assert outcome.status == "pass" and outcome.floor == 0.0
+    # a fresh decode is a prefill and 2 steps; each reused request a prefill, a refill and 2 steps
+    assert len(forwards) == 3 + 2 * 4 + (0 if copies_states else 3)

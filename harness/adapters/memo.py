@@ -20,7 +20,8 @@ A *prefill* is remembered with the state it left (:class:`RememberedPrefill`) wh
 adapter's :meth:`~base.Adapter.fork` copies the whole state (``Adapter.copies_states``) and
 the prefill was measured to leave nothing in the model's modules (:func:`module_tensors`
 equal before and after it: RecurrentGemma's recurrent state lives there, and no copy of the
-returned state reaches it); it is served as its logits and a fresh copy of that state, so
+returned state reaches it) and to return nothing a module also holds
+(:func:`shared_with_modules`); it is served as its logits and a fresh copy of that state, so
 the serving checks that start several decodes from one prompt prefill it once.
 Never served: a step of a decode in progress or a serving operation (they advance or change a
 state), losses, the gradient checks' forwards (they call the model themselves, with their own
@@ -115,47 +116,66 @@ def batch_fingerprint(batch: Any) -> tuple:
     return tuple((f.name, tensor_fingerprint(getattr(batch, f.name))) for f in fields(batch))
 
 
+_LEAVES = (str, bytes, int, float, bool, type(None), torch.nn.Module)
+#: a module's own registries: its parameters and buffers are its weights (weights_version), its submodules are walked
+_REGISTERED = ("_parameters", "_buffers", "_modules")
+
+
+def _held(value: Any, depth: int = 8) -> Iterator[Any]:
+    """``value`` and every object it holds (a cache object's layers, masks, kwargs), depth first."""
+    yield value
+    if depth == 0 or isinstance(value, (Tensor, *_LEAVES)):
+        return
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set)):
+        items = list(value)
+    else:
+        items = list(getattr(value, "__dict__", {}).values())
+    for item in items:
+        yield from _held(item, depth - 1)
+
+
 def module_tensors(model: Any) -> tuple | None:
     """Every tensor a module of ``model`` holds outside its parameters and buffers (an
-    attribute, or a list, tuple or dict of them), by module, name, identity and version
-    counter: a forward that keeps state in its modules (RecurrentGemma's recurrent states,
-    a cache in the module's own attributes) assigns or writes one of them, so this differs
-    before and after it. None for a model that is not a module: nothing is known of it."""
+    attribute, or one inside a list, dict or object it holds), by module, attribute,
+    identity and version counter: a forward that keeps state in its modules
+    (RecurrentGemma's recurrent states, a cache in the module's own attributes) assigns or
+    writes one of them, so this differs before and after it. None for a model that is not a
+    module: nothing is known of it."""
     if not isinstance(model, torch.nn.Module):
         return None
-    held = []
-    for module_name, module in model.named_modules():
-        for name, value in vars(module).items():
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
-            for item in values:
-                if isinstance(item, Tensor) and name not in ("_parameters", "_buffers"):
-                    held.append((module_name, name, id(item), None if item.is_inference() else item._version))
-    return tuple(held)
+    return tuple(
+        (module_name, name, id(item), None if item.is_inference() else item._version)
+        for module_name, module in model.named_modules()
+        for name, value in vars(module).items()
+        if name not in _REGISTERED
+        for item in _held(value, depth=3)
+        if isinstance(item, Tensor)
+    )
 
 
-def state_bytes(state: Any, depth: int = 8) -> int:
-    """The bytes of the tensors a decoding state holds (a cache object's layers, masks,
-    kwargs), each storage counted once: what a remembered prefill costs the memo."""
-    seen: set[int] = set()
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors a decoding state holds, each storage counted once: what a
+    remembered prefill costs the memo."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in _held(state) if isinstance(t, Tensor)}
+    return sum(storage.nbytes() for storage in storages.values())
 
-    def walk(value: Any, depth: int) -> int:
-        if isinstance(value, Tensor):
-            storage = value.untyped_storage()
-            if storage.data_ptr() in seen:
-                return 0
-            seen.add(storage.data_ptr())
-            return storage.nbytes()
-        if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None), torch.nn.Module)):
-            return 0
-        if isinstance(value, dict):
-            items = list(value.values())
-        elif isinstance(value, (list, tuple, set)):
-            items = list(value)
-        else:
-            items = list(getattr(value, "__dict__", {}).values())
-        return sum(walk(item, depth - 1) for item in items)
 
-    return walk(state, depth)
+def shared_with_modules(model: Any, state: Any) -> bool:
+    """Whether an object of ``state`` is also an attribute of one of the model's modules (a
+    cache the model keeps and resets for the next request, as older transformers kept a
+    static cache in ``model._cache``): a copy of the state would not be what the next call
+    of the model finds."""
+    if not isinstance(model, torch.nn.Module):
+        return True
+    attributes = {
+        id(value)
+        for module in model.modules()
+        for name, value in vars(module).items()
+        if name not in _REGISTERED and not isinstance(value, _LEAVES)
+    }
+    return any(id(item) in attributes for item in _held(state) if not isinstance(item, _LEAVES))
 
 
 @dataclass(frozen=True)
@@ -319,10 +339,21 @@ class MemoisedCalls:
             return remembered.logits, remembered.state
         before = None if key is None else module_tensors(self.model)
         logits, state = prefill()
-        if before is not None and memo_storing() and module_tensors(self.model) == before:
+        if (
+            before is not None
+            and memo_storing()
+            and module_tensors(self.model) == before
+            and not shared_with_modules(self.model, state)
+        ):
             kept = self.fork(state)
             self.forward_memo.put(key, RememberedPrefill(logits, kept, self.fork, _bytes(logits) + state_bytes(kept)))
         return logits, state
+
+    def remembers_prefill(self, batch: Any, rollback: bool = False) -> bool:
+        """Whether a prefill of ``batch`` is remembered: it was measured to leave its whole
+        state in what it returned (:meth:`remembered_prefill`)."""
+        key = self._decoding_key(batch, ("prefill", rollback)) if self.copies_states else None
+        return key is not None and key in self.forward_memo
 
     def _state_settings(self) -> tuple:
         """What shapes a decoding state besides the call settings (a cache implementation
