@@ -349,19 +349,17 @@ class ServingSuite(Suite):
         # only where the judgement at floor 0 is not a pass, as every other floor does.
         before = module_tensors(adapter.model)
         fresh = after(None)
-        if adapter.remembers_prefill(second) and module_tensors(adapter.model) == before:
-            again = lambda: after(None)  # noqa: E731
-        else:
+        repeated = None
+        if not (adapter.remembers_prefill(second) and module_tensors(adapter.model) == before):
             with forward_memo(False):  # the repeat is the floor's measurement: computed, never served
                 repeated = after(None)
-            again = lambda: repeated  # noqa: E731
         real = torch.cat(
             [second.predicted_real, torch.ones(second.size, case.steps, dtype=torch.bool)], dim=1
         )  # [B, T + n]
         return same_computation(
             context,
             fresh,
-            again,
+            lambda: after(None) if repeated is None else repeated,
             [
                 (
                     after(case.seed),
