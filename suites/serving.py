@@ -280,8 +280,8 @@ class ServingSuite(Suite):
         grown = b.appended(prompt, before)
 
         def with_rearranging() -> Tensor:
-            _, state = b.adapter.prefill(prompt)
-            _, state = decoded(b.adapter, state, before, [1] * case.before)
+            # one decode the three rearranging checks share: their cases are the same draws
+            _, state = b.adapter.decoded_state(prompt, [before[:, i : i + 1] for i in range(case.before)])
             state = b.adapter.rearrange(state, operation, index)
             return decoded(b.adapter, state, after, [1] * case.after)[0]
 
@@ -350,7 +350,7 @@ class ServingSuite(Suite):
         before = module_tensors(adapter.model)
         fresh = after(None)
         repeated = None
-        if not (adapter.remembers_prefill(second) and module_tensors(adapter.model) == before):
+        if not (adapter.remembers_state(second, ("prefill", False)) and module_tensors(adapter.model) == before):
             with forward_memo(False):  # the repeat is the floor's measurement: computed, never served
                 repeated = after(None)
         real = torch.cat(

@@ -135,6 +135,28 @@ def test_a_prefill_is_served_as_its_logits_and_a_copy_of_the_state_it_left() -> 
     assert adapter.forward_memo.hits == hits + 2
 
 
+def test_a_decode_whose_state_a_check_operates_on_is_served_with_a_copy_of_that_state() -> None:
+    adapter = HFAdapter(tiny_model("gpt2", "eager"))
+    prompt, steps, token = (
+        prompt_batch(),
+        [torch.tensor([[10], [11]]), torch.tensor([[12], [13]])],
+        torch.tensor([[14], [15]]),
+    )
+    with forward_memo(False):
+        _, state = adapter.decoded_state(prompt, steps)
+        expected = adapter.step(state, token)[0]
+    first, state = adapter.decoded_state(prompt, steps)
+    adapter.step(state, token + 2)  # the caller's state moves on; the kept one must not
+    hits = adapter.forward_memo.hits
+    served, served_state = adapter.decoded_state(prompt, steps)
+    assert adapter.forward_memo.hits == hits + 1 and len(served) == 3
+    for one, other in zip(first, served):
+        torch.testing.assert_close(other, one, rtol=0, atol=0)
+    torch.testing.assert_close(adapter.step(served_state, token)[0], expected, rtol=0, atol=0)
+    assert len(adapter.decoded_state(prompt, steps[:1])[0]) == 2  # other steps: decoded, from the served prefill
+    assert adapter.forward_memo.hits == hits + 2
+
+
 def test_a_prefill_is_not_served_to_a_model_that_keeps_state_in_its_modules() -> None:
     # RecurrentGemma assigns its recurrent and convolution states to module attributes in
     # every forward: a copy of the returned cache does not reach them

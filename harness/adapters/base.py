@@ -300,12 +300,13 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
             )
         self._check_eval()
 
-        def prefill() -> tuple[Tensor, Any]:
+        def prefill() -> tuple[tuple[Tensor], Any]:
             with torch.inference_mode():
                 logits, state = self._prefill(batch, rollback=True) if rollback else self._prefill(batch)
-            return self._prefill_logits(logits, batch), state
+            return (self._prefill_logits(logits, batch),), state
 
-        return self.remembered_prefill(batch, rollback, prefill)
+        (logits,), state = self.remembered_state(batch, ("prefill", rollback), prefill)
+        return logits, state
 
     def _prefill_logits(self, logits: Any, batch: Batch) -> Tensor:
         ids = batch.predicted_ids

@@ -16,13 +16,15 @@ What is served is a copy, so a check that writes into its logits cannot change a
 A *fresh* cached decode is remembered the same way (``Adapter.decoded``: a prompt and the
 tokens fed after it; ``batching.greedy``): it starts from a new cache, so it is a function of
 its inputs, and a call path replaying a cache check reuses the canonical path's decode.
-A *prefill* is remembered with the state it left (:class:`RememberedPrefill`) where the
-adapter's :meth:`~base.Adapter.fork` copies the whole state (``Adapter.copies_states``) and
-the prefill was measured to leave nothing in the model's modules (:func:`module_tensors`
-equal before and after it: RecurrentGemma's recurrent state lives there, and no copy of the
-returned state reaches it) and to return nothing a module also holds
-(:func:`shared_with_modules`); it is served as its logits and a fresh copy of that state, so
-the serving checks that start several decodes from one prompt prefill it once.
+A *prefill*, and a fresh decode whose state a check operates on next
+(``Adapter.decoded_state``), is remembered with the state it left (:class:`RememberedState`)
+where the adapter's :meth:`~base.Adapter.fork` copies the whole state
+(``Adapter.copies_states``) and the decode was measured to leave nothing in the model's
+modules (:func:`module_tensors` equal before and after it: RecurrentGemma's recurrent state
+lives there, and no copy of the returned state reaches it) and to return nothing a module
+also holds (:func:`shared_with_modules`); it is served as its logits and a fresh copy of
+that state, so the serving checks that start several decodes from one prompt prefill it
+once, and the checks that rearrange one decode's rows decode it once.
 Never served: a step of a decode in progress or a serving operation (they advance or change a
 state), losses, the gradient checks' forwards (they call the model themselves, with their own
 backward), and a forward made to measure run-to-run differences (``forward_memo(False)``).
@@ -112,6 +114,11 @@ def weights_version(model: Any) -> int | None:
     return version
 
 
+def _steps_fed(steps: Sequence[Tensor]) -> tuple:
+    """What names a fresh decode's steps in its key: the tokens of each."""
+    return ("steps", *(tensor_fingerprint(tokens) for tokens in steps))
+
+
 def batch_fingerprint(batch: Any) -> tuple:
     return tuple((f.name, tensor_fingerprint(getattr(batch, f.name))) for f in fields(batch))
 
@@ -179,31 +186,32 @@ def shared_with_modules(model: Any, state: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class RememberedPrefill:
-    """A prefill's logits ``[B, T, V]`` and the state it left, kept as a copy nobody
-    decodes from: each serving is the logits cloned and a fresh ``fork`` of the state."""
+class RememberedState:
+    """A fresh decode's logits (the prompt's ``[B, T, V]``, then each step's ``[B, n, V]``)
+    and the state it left, kept as a copy nobody decodes from: each serving is the logits
+    cloned and a fresh ``fork`` of the state."""
 
-    logits: Tensor
+    logits: tuple[Tensor, ...]
     state: Any
     fork: Callable[[Any], Any]
     nbytes: int
 
-    def copy(self) -> "RememberedPrefill":
-        return RememberedPrefill(self.logits.detach().clone(), self.fork(self.state), self.fork, self.nbytes)
+    def copy(self) -> "RememberedState":
+        return RememberedState(_copy(self.logits), self.fork(self.state), self.fork, self.nbytes)  # type: ignore[arg-type]
 
 
-Remembered = Union[Tensor, tuple[Tensor, ...], RememberedPrefill]
+Remembered = Union[Tensor, tuple[Tensor, ...], RememberedState]
 
 
 def _bytes(value: Remembered) -> int:
-    if isinstance(value, RememberedPrefill):
+    if isinstance(value, RememberedState):
         return value.nbytes
     tensors = value if isinstance(value, tuple) else (value,)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _copy(value: Remembered) -> Remembered:
-    if isinstance(value, RememberedPrefill):
+    if isinstance(value, RememberedState):
         return value.copy()
     if isinstance(value, tuple):
         return tuple(t.detach().clone() for t in value)
@@ -319,26 +327,33 @@ class MemoisedCalls:
         tokens) fed in turn; the prompt's logits ``[B, P, V]`` and each step's ``[B, n, V]``.
         It starts from a new cache, so it is a function of its inputs alone and is remembered
         as a forward is: a call path replaying a cache check decodes once."""
+        return self.fresh_decoding(prompt, _steps_fed(steps), lambda: self._decode(prompt, steps)[0])
 
-        def decode() -> tuple[Tensor, ...]:
-            logits, state = self.prefill(prompt)
-            pieces = [logits]
-            for tokens in steps:
-                step_logits, state = self.step(state, tokens)
-                pieces.append(step_logits)
-            return tuple(pieces)
+    def decoded_state(self, prompt: Any, steps: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Any]:
+        """:meth:`decoded`'s logits and the state the decode leaves, for a check that operates
+        on that state next; served as a fresh copy of the state where :meth:`remembered_state` can."""
+        return self.remembered_state(prompt, _steps_fed(steps), lambda: self._decode(prompt, steps))
 
-        return self.fresh_decoding(prompt, ("steps", *(tensor_fingerprint(tokens) for tokens in steps)), decode)
+    def _decode(self, prompt: Any, steps: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Any]:
+        logits, state = self.prefill(prompt)
+        pieces = [logits]
+        for tokens in steps:
+            step_logits, state = self.step(state, tokens)
+            pieces.append(step_logits)
+        return tuple(pieces), state
 
-    def remembered_prefill(self, batch: Any, rollback: bool, prefill: Callable[[], tuple[Tensor, Any]]) -> Any:
-        """``prefill()`` of ``batch``, or the logits and a fresh copy of the state an
-        identical prefill left earlier in this audit (the module docstring says when)."""
-        key = self._decoding_key(batch, ("prefill", rollback)) if self.copies_states else None
+    def remembered_state(
+        self, prompt: Any, what: tuple, decode: Callable[[], tuple[tuple[Tensor, ...], Any]]
+    ) -> tuple[tuple[Tensor, ...], Any]:
+        """``decode()``, a fresh decode of ``prompt`` that ``what`` names (its logits and the
+        state it leaves), or the logits and a fresh copy of the state an identical decode left
+        earlier in this audit (the module docstring says when)."""
+        key = self._state_key(prompt, what)
         remembered = None if key is None else self.forward_memo.get(key)
         if remembered is not None:
             return remembered.logits, remembered.state
         before = None if key is None else module_tensors(self.model)
-        logits, state = prefill()
+        logits, state = decode()
         if (
             before is not None
             and memo_storing()
@@ -346,14 +361,17 @@ class MemoisedCalls:
             and not shared_with_modules(self.model, state)
         ):
             kept = self.fork(state)
-            self.forward_memo.put(key, RememberedPrefill(logits, kept, self.fork, _bytes(logits) + state_bytes(kept)))
+            self.forward_memo.put(key, RememberedState(logits, kept, self.fork, _bytes(logits) + state_bytes(kept)))
         return logits, state
 
-    def remembers_prefill(self, batch: Any, rollback: bool = False) -> bool:
-        """Whether a prefill of ``batch`` is remembered: it was measured to leave its whole
-        state in what it returned (:meth:`remembered_prefill`)."""
-        key = self._decoding_key(batch, ("prefill", rollback)) if self.copies_states else None
+    def remembers_state(self, prompt: Any, what: tuple) -> bool:
+        """Whether the decode ``what`` names of ``prompt`` is remembered with its state: it
+        was measured to leave its whole state in what it returned (:meth:`remembered_state`)."""
+        key = self._state_key(prompt, what)
         return key is not None and key in self.forward_memo
+
+    def _state_key(self, prompt: Any, what: tuple) -> tuple | None:
+        return self._decoding_key(prompt, ("state", *what)) if self.copies_states else None
 
     def _state_settings(self) -> tuple:
         """What shapes a decoding state besides the call settings (a cache implementation
