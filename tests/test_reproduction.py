@@ -342,3 +342,14 @@ def test_format_1_bundles_still_replay(bundles: dict[str, Path], tmp_path: Path)
         record["case"]["type"] = record["case"]["type"].removeprefix("maskcheck.")  # 0.1 wrote suites.padding:...
     (old / "case.json").write_text(json.dumps(data))
     assert {r.status for r in replay(old)} == {"fail"}
+
+
+def test_a_rearranging_checks_bundle_keeps_the_inputs_of_the_decode_it_rearranges(tmp_path: Path) -> None:
+    """The prefix decode the three rearranging checks share goes through the recorder's own
+    prefill and step: the bundle keeps the prompt and the tokens fed before the reorder."""
+    written = write_bundles(tmp_path, ["module_cache_reorder_keys_only"])
+    bundle = load_bundle(written["module_cache_reorder_keys_only"])
+    record = next(c for c in bundle["checks"] if c["check"] == "beam_reorder")
+    calls = [call.split("_", 1)[1] for call in sorted({name.split(".")[0] for name in record["inputs"]})]
+    rearranged = len(calls) - 1 - calls[::-1].index("rearrange_reorder")  # the case's (the suite's probes come first)
+    assert calls[rearranged - 2 : rearranged + 1] == ["prefill", "step", "rearrange_reorder"], calls

@@ -303,10 +303,17 @@ class PairedAdapter:
 
     # -- decodes: made step by step here, so each step is compared; nothing is memoised ---
 
-    # a fresh decode, prefill then steps, through this adapter's paired calls (no memo: fresh_decoding below)
+    # a fresh decode, prefill then steps, through this adapter's paired calls (no memo:
+    # fresh_decoding and remembered_state below); named here, since __getattr__ would hand
+    # them A's, which decode A alone
     decoded = MemoisedCalls.decoded
+    decoded_state = MemoisedCalls.decoded_state
+    _decode = MemoisedCalls._decode
 
     def fresh_decoding(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
+        return decode()
+
+    def remembered_state(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
         return decode()
 
     def remembers(self, batch: Any, keep: int | None = None) -> bool:
