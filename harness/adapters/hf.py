@@ -36,6 +36,7 @@ from .base import (
 from .generation import GenerationPath, GenerationState, drives_generation
 from .hf_loading import FAMILY_OF_TASK, TASKS, HFLoadError, LoadingInfo, Task, infer_task
 from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
+from .memo import plain_values
 from .peft_models import is_peft_model, unwrap_peft
 from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
 
@@ -448,10 +449,7 @@ class HFAdapter(Adapter):
     copies_states = True
 
     def _state_settings(self) -> tuple:
-        if self.generation is None:
-            return ()
-        plain = (bool, int, float, str, type(None))
-        return tuple(sorted((name, value) for name, value in vars(self.generation).items() if isinstance(value, plain)))
+        return () if self.generation is None else plain_values(self.generation)
 
     def fork(self, state: HFState | GenerationState) -> HFState | GenerationState:
         # Cache objects are mutated in place by forward, so a branch needs its own copy, as

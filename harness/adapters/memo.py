@@ -114,6 +114,13 @@ def weights_version(model: Any) -> int | None:
     return version
 
 
+def plain_values(holder: Any) -> tuple:
+    """``holder``'s attributes that are plain values (numbers, strings, flags, None), sorted
+    by name: the settings of an object, without its tensors and the objects it points to."""
+    plain = (bool, int, float, str, type(None))
+    return tuple(sorted((name, value) for name, value in vars(holder).items() if isinstance(value, plain)))
+
+
 def _steps_fed(steps: Sequence[Tensor]) -> tuple:
     """What names a fresh decode's steps in its key: the tokens of each."""
     return ("steps", *(tensor_fingerprint(tokens) for tokens in steps))
@@ -124,8 +131,9 @@ def batch_fingerprint(batch: Any) -> tuple:
 
 
 _LEAVES = (str, bytes, int, float, bool, type(None), torch.nn.Module)
-#: a module's own registries: its parameters and buffers are its weights (weights_version), its submodules are walked
-_REGISTERED = ("_parameters", "_buffers", "_modules")
+#: what every nn.Module holds: its parameters and buffers (its weights: weights_version), its
+#: submodules (walked themselves), its hooks and flags; none of it is a forward's state
+_EVERY_MODULES_OWN = frozenset(vars(torch.nn.Module()))
 
 
 def _held(value: Any, depth: int = 8) -> Iterator[Any]:
@@ -143,6 +151,14 @@ def _held(value: Any, depth: int = 8) -> Iterator[Any]:
         yield from _held(item, depth - 1)
 
 
+def _module_attributes(model: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
+    """``(module name, attribute, value)`` of what each module holds beyond what every module does."""
+    for module_name, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name not in _EVERY_MODULES_OWN:
+                yield module_name, name, value
+
+
 def module_tensors(model: Any) -> tuple | None:
     """Every tensor a module of ``model`` holds outside its parameters and buffers (an
     attribute, or one inside a list, dict or object it holds), by module, attribute,
@@ -154,9 +170,7 @@ def module_tensors(model: Any) -> tuple | None:
         return None
     return tuple(
         (module_name, name, id(item), None if item.is_inference() else item._version)
-        for module_name, module in model.named_modules()
-        for name, value in vars(module).items()
-        if name not in _REGISTERED
+        for module_name, name, value in _module_attributes(model)
         for item in _held(value, depth=3)
         if isinstance(item, Tensor)
     )
@@ -176,12 +190,7 @@ def shared_with_modules(model: Any, state: Any) -> bool:
     of the model finds."""
     if not isinstance(model, torch.nn.Module):
         return True
-    attributes = {
-        id(value)
-        for module in model.modules()
-        for name, value in vars(module).items()
-        if name not in _REGISTERED and not isinstance(value, _LEAVES)
-    }
+    attributes = {id(value) for _, _, value in _module_attributes(model) if not isinstance(value, _LEAVES)}
     return any(id(item) in attributes for item in _held(state) if not isinstance(item, _LEAVES))
 
 
@@ -197,7 +206,8 @@ class RememberedState:
     nbytes: int
 
     def copy(self) -> "RememberedState":
-        return RememberedState(_copy(self.logits), self.fork(self.state), self.fork, self.nbytes)  # type: ignore[arg-type]
+        logits = tuple(t.detach().clone() for t in self.logits)
+        return RememberedState(logits, self.fork(self.state), self.fork, self.nbytes)
 
 
 Remembered = Union[Tensor, tuple[Tensor, ...], RememberedState]
@@ -383,9 +393,7 @@ class MemoisedCalls:
         and every plain value it holds (a copy left at ``use_cache=None``, one that passes a
         mask of ones, another measured mask layout all call the model otherwise). Plain
         values only: one that is bookkeeping can cost a memo hit, never serve a wrong call."""
-        plain = (bool, int, float, str, type(None))
-        held = tuple(sorted((name, value) for name, value in vars(self).items() if isinstance(value, plain)))
-        return (self.capabilities, held)
+        return (self.capabilities, plain_values(self))
 
     def _request_key(self, batch: Any, keep: int | None) -> tuple | None:
         """:meth:`_call_key` of the call :meth:`logits` would make for ``batch`` and ``keep``."""
@@ -404,3 +412,17 @@ class MemoisedCalls:
         key = self._request_key(batch, keep)
         if key is not None:
             self.forward_memo.put(key, logits)
+
+
+class DecodesThroughOwnCalls:
+    """For a wrapper whose own ``prefill`` and ``step`` must see every call of a decode
+    (compare's paired adapter compares each; a bundle's recorder keeps their inputs): the
+    decode whose state a check operates on is made through them, and nothing is remembered.
+    Named on the class, since a wrapper's ``__getattr__`` would hand over the wrapped
+    adapter's, which decodes on that adapter alone."""
+
+    decoded_state = MemoisedCalls.decoded_state
+    _decode = MemoisedCalls._decode
+
+    def remembered_state(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
+        return decode()

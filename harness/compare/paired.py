@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, Batch
-from ..adapters.memo import MemoisedCalls, forward_memo
+from ..adapters.memo import DecodesThroughOwnCalls, MemoisedCalls, forward_memo
 from ..engine.suite import Outcome
 from ..engine.tolerance import Tolerance, compare_logits
 from .gradients import compare_reach
@@ -110,7 +110,7 @@ class Recorder:
         )
 
 
-class PairedAdapter:
+class PairedAdapter(DecodesThroughOwnCalls):
     """A's adapter, every model call made on B as well (see the module's docstring).
 
     What it does not intercept (capabilities, loss values, the suites' attention hooks) is
@@ -304,16 +304,10 @@ class PairedAdapter:
     # -- decodes: made step by step here, so each step is compared; nothing is memoised ---
 
     # a fresh decode, prefill then steps, through this adapter's paired calls (no memo:
-    # fresh_decoding and remembered_state below); named here, since __getattr__ would hand
-    # them A's, which decode A alone
+    # fresh_decoding below; decoded_state comes from DecodesThroughOwnCalls)
     decoded = MemoisedCalls.decoded
-    decoded_state = MemoisedCalls.decoded_state
-    _decode = MemoisedCalls._decode
 
     def fresh_decoding(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
-        return decode()
-
-    def remembered_state(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
         return decode()
 
     def remembers(self, batch: Any, keep: int | None = None) -> bool:

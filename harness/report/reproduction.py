@@ -25,13 +25,12 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..adapters.base import Adapter, Batch
-from ..adapters.memo import MemoisedCalls
+from ..adapters.memo import DecodesThroughOwnCalls
 from ..adapters.paths import CANONICAL, PATHS
 from ..engine.suite import Outcome, RunContext
 from ..engine.tolerance import Tolerance
@@ -51,7 +50,7 @@ class BundleError(Exception):
 # -- recording the inputs of one case -----------------------------------------------------------
 
 
-class RecordingAdapter:
+class RecordingAdapter(DecodesThroughOwnCalls):
     """Wraps an adapter and keeps every batch and token tensor passed to it, in call order."""
 
     def __init__(self, adapter: Adapter, tensors: dict[str, Any] | None = None) -> None:
@@ -60,14 +59,6 @@ class RecordingAdapter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._adapter, name)
-
-    # a decode whose state a check operates on, made through this recorder's prefill and
-    # step so that their inputs are kept (__getattr__ would hand the wrapped adapter's)
-    decoded_state = MemoisedCalls.decoded_state
-    _decode = MemoisedCalls._decode
-
-    def remembered_state(self, prompt: Any, what: tuple, decode: Callable[[], Any]) -> Any:
-        return decode()
 
     def packing_settings(self) -> list:
         # The settings' adapters run the packed cases: record through them too.
