@@ -63,6 +63,7 @@ from .reference_bugs import (
     PolarityInverted,
     PositionsNotRestarted,
     PositionsRestartWithCache,
+    ReadsRowLength,
     SeesNextToken,
     SegmentBoundaryOffByOne,
     SegmentsIgnored,
@@ -122,6 +123,7 @@ MUTANTS: dict[str, Mutant] = {
         _ref("causal_sees_next_token", "causal", "future_tokens", DECODER, decoder=SeesNextToken),
         _ref("causal_last_layer_bidirectional", "causal", "future_tokens", DECODER, decoder=LastLayerBidirectional),
         _ref("causal_leaks_past_length", "causal", "future_tokens", DECODER, decoder=LeaksPastLength),
+        _ref("causal_reads_row_length", "causal", "future_tokens", DECODER, decoder=ReadsRowLength),
         _ref(
             "causal_window_ignored",
             "causal",

@@ -4,6 +4,7 @@ check must catch it)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -65,6 +66,20 @@ class LeaksPastLength(Stack):
             q_index=reach, k_index=k_index, causal=True, key_real=real, q_segments=segments, k_segments=segments,
             batch=batch,
         )  # fmt: skip
+
+
+class ReadsRowLength(Stack):
+    """A length scale taken from the whole row instead of each position's own prefix: the
+    input embeddings are multiplied by log(1 + n) / log(16), n the row's real tokens (log-n
+    scaling as long-context models apply it, computed once per row), so every position
+    reads how many tokens follow it while no later token's value moves it."""
+
+    def embed_tokens(
+        self, input_ids: Tensor, positions: Tensor, real: Tensor, segments: Tensor | None, cache: Any
+    ) -> tuple[Tensor, Tensor]:
+        x, kept = super().embed_tokens(input_ids, positions, real, segments, cache)
+        count = real.sum(dim=-1).to(x.dtype)  # [B]: the row's real tokens, the cache's too
+        return x * (count.log1p() / math.log(16))[:, None, None], kept
 
 
 class LastLayerBidirectional(Stack):

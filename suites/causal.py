@@ -3,8 +3,11 @@ influence pattern must match the attention pattern the model declares.
 
 Checks
 - ``future_tokens``: change one later id, or every id after position t; logits at
-  positions <= t must not move (same-shape rule). Decoders, and the decoder side of
-  encoder-decoders.
+  positions <= t must not move (same-shape rule). Then cut the rows after position t:
+  logits at positions <= t must not move either (shape-changing rule: the rows are
+  shorter). A position that reads how many tokens follow it (a length scale taken from
+  the whole row) moves no logit when later ids change; only the cut shows it. Decoders,
+  and the decoder side of encoder-decoders.
 - ``declared_pattern``: measure which inputs influence which outputs and compare with
   the declared pattern: no influence from the future (causal), none from further back
   than L x (W - 1) (sliding window), and an encoder declared bidirectional must really
@@ -20,7 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
-from ..harness.engine.batching import Evaluation
+from ..harness.engine.batching import Evaluation, one_forward
 from ..harness.engine.cases import (
     gradient_check,
     gradient_outcome,
@@ -30,6 +33,8 @@ from ..harness.engine.cases import (
     positions_for,
     random_ids,
     same_shape_outcome,
+    shape_change_outcome,
+    with_floor,
 )
 from ..harness.engine.influence import expected_pattern, measure_influence
 from ..harness.engine.profiles import length_cap
@@ -193,38 +198,75 @@ class CausalSuite(Suite):
 
     # -- future_tokens ----------------------------------------------------------------------
 
+    def future_rows(
+        self, adapter: Adapter, case: FutureCase, kept: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The case's ids and real-token mask ``[B, T]``, padded as the case says; ``kept``:
+        only each row's first ``kept`` real tokens (the same padding around them)."""
+        caps = adapter.capabilities
+        pad = pad_token(adapter)
+        real = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad)[:, :kept]  # [B, length or kept]
+        ids, mask = pad_rows(list(real), real.shape[1] + case.padding, case.side, pad)  # [B, T]
+        return ids.to(caps.device), mask.to(caps.device)
+
+    def as_batch(self, adapter: Adapter, case: FutureCase, ids: torch.Tensor, mask: torch.Tensor) -> Batch:
+        """Rows ``ids [B, T]`` as the case calls the model: unpadded rows without a mask, as
+        users call them; padded rows with their mask (and positions that skip the padding,
+        for models that take them); the decoder's side of an encoder-decoder, beside a source."""
+        row_mask = mask if case.padding else None
+        if adapter.capabilities.family == "encoder_decoder":
+            source, source_mask = source_batch(adapter, case.batch, case.source_length, case.seed)
+            return Batch(source, source_mask, decoder_input_ids=ids, decoder_attention_mask=row_mask)
+        return Batch(ids, row_mask, positions_for(adapter, mask) if case.padding else None)
+
     def future_batches(self, adapter: Adapter, case: FutureCase) -> tuple[Batch, Batch, torch.Tensor, torch.Tensor]:
         """The case's rows and the rows with later ids changed, the protected positions
         ``[B, T]`` (real, at or before the cut) and the real-token mask ``[B, T]``."""
         caps = adapter.capabilities
-        pad = pad_token(adapter)
-        real = random_ids(case.seed, (case.batch, case.length), caps.vocab_size, pad)  # [B, length]
-        ids, mask = pad_rows(list(real), case.length + case.padding, case.side, pad)  # [B, T]
-        ids, mask = ids.to(caps.device), mask.to(caps.device)
+        ids, mask = self.future_rows(adapter, case)
         index = mask.cumsum(-1) - 1  # [B, T]: each real token's index among the real ones
         if case.suffix:
             changed = mask.bool() & (index > case.cut)
         else:
             changed = mask.bool() & (index == case.cut + 1 + case.offset)
-        perturbed = perturb(ids, changed, caps.vocab_size, case.seed, pad)
+        perturbed = perturb(ids, changed, caps.vocab_size, case.seed, pad_token(adapter))
         protected = mask.bool() & (index <= case.cut)
-        # Unpadded rows run without a mask, as users call them; padded rows with their mask
-        # (and positions that skip the padding, for models that take them).
-        row_mask = mask if case.padding else None
-        if caps.family == "encoder_decoder":
-            source, source_mask = source_batch(adapter, case.batch, case.source_length, case.seed)
-            base = Batch(source, source_mask, decoder_input_ids=ids, decoder_attention_mask=row_mask)
-            test = Batch(source, source_mask, decoder_input_ids=perturbed, decoder_attention_mask=row_mask)
-        else:
-            positions = positions_for(adapter, mask) if case.padding else None
-            base, test = Batch(ids, row_mask, positions), Batch(perturbed, row_mask, positions)
-        return base, test, protected, mask
+        return self.as_batch(adapter, case, ids, mask), self.as_batch(adapter, case, perturbed, mask), protected, mask
 
     def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Evaluation:
-        base, test, protected, _ = self.future_batches(adapter, case)
+        base, test, protected, mask = self.future_batches(adapter, case)
         padded = f" in {case.side}-padded rows" if case.padding else ""
         what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut}{padded} changed logits at positions <= {case.cut}"
-        return (yield from same_shape_outcome(adapter, context, base, test, protected, what))
+        logits = yield from one_forward(adapter, [base, test])  # [2B, T, V]
+        changed = yield from same_shape_outcome(adapter, context, base, test, protected, what, first=logits)
+        if changed.status != "pass":
+            return changed
+        cut = yield from self.truncation(adapter, context, case, mask, logits[: base.size])
+        return cut if cut.status != "pass" or cut.ratio >= changed.ratio else changed
+
+    def truncation(
+        self, adapter: Adapter, context: RunContext, case: FutureCase, mask: torch.Tensor, full: torch.Tensor
+    ) -> Evaluation:
+        """The case's rows (their logits ``full [B, T, V]``, real tokens ``mask [B, T]``)
+        against the same rows cut after position t, padded as they were: the kept positions
+        sit in the same columns of both (the pad slots are before the real tokens or after
+        them), so the logits compare column by column. t is the case's cut, or within the
+        first ``MAX_LENGTH`` positions for a long row: every later position it drops is one
+        the kept ones must not read, and the short rows cost few tokens."""
+        cut_after = min(case.cut, MAX_LENGTH - 2)
+        cut = self.as_batch(adapter, case, *self.future_rows(adapter, case, kept=cut_after + 1))
+        columns = cut.predicted_ids.shape[1]
+        kept = (mask.bool() & (mask.cumsum(-1) - 1 <= cut_after))[:, :columns].cpu()  # [B, T']: all in the cut rows
+        padded = f" of {case.side}-padded rows" if case.padding else ""
+        what = (
+            f"cutting the {case.length - cut_after - 1} id(s) after position {cut_after}{padded} changed logits at "
+            f"positions <= {cut_after}: a position reads how many tokens follow it"
+        )
+
+        def judge(logits: torch.Tensor, floor: float) -> Outcome:  # logits [B, T', V]
+            return shape_change_outcome(context, full[:, :columns], logits, kept, floor, what)
+
+        return (yield from with_floor(adapter, cut, kept, judge))
 
     # -- future_gradients --------------------------------------------------------------------
 

@@ -91,16 +91,18 @@ def same_shape_outcome(
     perturbed: Batch,
     where: Tensor,
     what: str,
+    first: Tensor | None = None,
 ) -> Evaluation:
     """Logits at ``where [B, T]`` must not move beyond the same-shape threshold when
-    ``base`` becomes ``perturbed``, both run in one forward.
+    ``base`` becomes ``perturbed``, both run in one forward (``first``: its logits
+    ``[2B, T, V]``, asked for already; None: asked here).
 
     The repeat floor (a copy of ``base`` in the same forward) is measured only for a case
     that does not pass without it: every threshold grows with the floor, so a case that
     passes at floor 0 passes at any floor. A case that does not is judged again on the
     forward the floor needs, ``[base, base, perturbed]``, as if the first had not run."""
     size = base.size
-    logits = yield from one_forward(adapter, [base, perturbed])  # [2B, T, V]
+    logits = (yield from one_forward(adapter, [base, perturbed])) if first is None else first  # [2B, T, V]
     comparison = compare_logits(logits[:size], logits[size:], where)
     outcome = verdict(comparison, 0.0, context.tolerance.same_shape(0.0, context.dtype, comparison.scale), what)
     if outcome.status == "pass":
