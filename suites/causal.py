@@ -141,6 +141,9 @@ class CausalSuite(Suite):
     kind = "mask"
     in_sweep = True
     draws_effective_mask = True
+    # A position that reads nothing after it gives the logits of a longer row's prefix:
+    # the suites after this one may then stack unpadded rows of other lengths.
+    extension_gate = ("future_tokens",)
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         return None  # every model has a pattern to check

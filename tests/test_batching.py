@@ -308,3 +308,51 @@ def test_a_same_shape_pair_is_remembered_row_by_row_only_where_rows_may_share_fo
             torch.testing.assert_close(pair[:2], alone, atol=STACKED_ATOL, rtol=0)
     finally:
         del decoder.logits
+
+
+def test_unpadded_rows_of_other_lengths_stack_extended_only_where_licensed(decoder: Any) -> None:
+    """Where the model's causality licenses it (``extending``), unpadded rows of other
+    lengths share one forward, each lengthened with real tokens (no padding, the same kind
+    of call), and each gets back its own positions, whole or its last ``keep``; without
+    the licence they stack at equal lengths only (as test_requests_keep_their_attention_path)."""
+    from maskcheck.harness.engine.batching import extended, extending
+
+    batches = [
+        Batch(ids((2, 6), seed=1)),
+        Batch(ids((1, 3), seed=2)),
+        Batch(ids((1, 5), seed=3), torch.ones(1, 5, dtype=torch.long)),
+        Batch(ids((2, 4), seed=4), torch.ones(2, 4, dtype=torch.long)),
+        Batch(ids((1, 2), seed=5)),
+    ]
+    keeps = [None, 2, None, 3, 1]
+    requests = {i: Logits(decoder, b, k) for i, (b, k) in enumerate(zip(batches, keeps))}
+    assert len(plan(requests)) == 5
+    with extending(True):
+        assert sorted(sorted(g) for g in plan(requests)) == [[0, 1, 4], [2, 3]]  # no mask apart from ones
+        decoder.forward_memo.clear()
+        replies = answer(requests)
+    for i, (batch, keep) in enumerate(zip(batches, keeps)):
+        full = decoder.logits(batch)  # [B, T, V]
+        expected = full if keep is None else full[:, -keep:]
+        assert replies[i].shape == expected.shape
+        torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)
+    longer = extended(batches[2], 9, None, decoder)
+    assert longer.input_ids.shape == (1, 9) and bool(longer.attention_mask.all())
+    assert torch.equal(longer.input_ids[:, :5], batches[2].input_ids)
+    assert not bool((longer.input_ids[:, 5:] == decoder.capabilities.pad_token_id).any())
+
+
+def test_rows_are_extended_only_after_the_causal_suite_shows_positions_read_nothing_later() -> None:
+    """The report says when unpadded rows stack across lengths; a model whose positions
+    read how many tokens follow them (no later id moves them: only cutting the row shows
+    it) fails causal/future_tokens, and its rows stack at equal lengths only."""
+    clean = audit("ref:tiny-decoder", ["causal", "padding"], profile="quick")
+    assert clean.environment["batching"].endswith(
+        "; unpadded rows of other lengths share forwards too, extended with later tokens (causal/future_tokens passed)"
+    )
+    reads_length = audit("mutant:causal_reads_row_length", ["causal", "padding"], profile="quick")
+    assert reads_length.environment["batching"].endswith(
+        "; unpadded rows stack at equal lengths only (causal/future_tokens fail: a position may read what follows it)"
+    )
+    check = next(c for c in reads_length.suite("causal").checks if c.name == "future_tokens")
+    assert check.status == "fail" and "a position reads how many tokens follow it" in check.message

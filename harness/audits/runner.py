@@ -243,6 +243,7 @@ def audit(
         suite_result = run_suite(suite, adapter, suite_context)
         apply_known_findings(adapter.spec, [suite_result], known_findings)
         apply_conventions(result.adapter.get("architecture"), [suite_result], disabled_conventions)
+        licence_extension(suite, suite_result, context, result.environment)
         result.suites.append(suite_result)
         result.pending.remove(name)
         if progress:
@@ -318,6 +319,26 @@ def batching_gate(
         f"off: {gate} did not pass ({status}), so rows of one batch may read each other; every case has forwards of its own",
         decided,
     )
+
+
+def licence_extension(suite: Any, result: SuiteResult, context: RunContext, environment: dict[str, Any]) -> None:
+    """After a suite with an ``extension_gate``, where cases share forwards: whether the
+    suites after it may stack unpadded rows of other lengths, each extended with later
+    tokens (harness/engine/batching.py), set on ``context`` and said on the report's
+    batching line. Only when every check of the gate passed, on every path it ran: a row's
+    own logits are then the first positions of the longer row's, up to the noise of the
+    longer forward, which the shape-changing rule allows wherever rows are stacked."""
+    if not (context.batch_cases and suite.extension_gate):
+        return
+    gate = {name: f"{suite.name}/{name}" for name in suite.extension_gate}
+    statuses = {check.name: check.status for check in result.checks}
+    failed = [f"{gate[name]} {statuses.get(name, 'not run')}" for name in gate if statuses.get(name) != "pass"]
+    context.extend_rows = not failed
+    if failed:
+        line = f"unpadded rows stack at equal lengths only ({', '.join(failed)}: a position may read what follows it)"
+    else:
+        line = f"unpadded rows of other lengths share forwards too, extended with later tokens ({' and '.join(gate.values())} passed)"
+    environment["batching"] += f"; {line}"
 
 
 CANONICAL_AVAILABLE = PathAvailability(CANONICAL)

@@ -24,6 +24,13 @@ mask of ones (some attention backends drop such a mask) and padded rows are neve
 with each other, and padded rows only with rows padded on the same side. Those may be
 widened by padding columns on that side (mask 0, the pad id): ``batch_composition`` and
 ``extra_padding`` are what shows a model ignores them.
+
+Unpadded decoder rows (no mask, or a mask of ones) of other lengths stack too, once the
+model's causality licenses it (:func:`extending`): each is extended on the right with
+real tokens, no padding, so no row's attention path changes, and each gets back only its
+own positions. That is sound for a model whose positions read neither the later tokens'
+values nor whether any follow, which ``causal/future_tokens`` and ``causal/truncation``
+measure; the runner licenses it only after both passed (harness/audits/runner.py).
 """
 
 from __future__ import annotations
@@ -99,6 +106,11 @@ Result = Union[Any, BaseException]  # an evaluation's outcome, or what it raised
 _STACKING: ContextVar[bool] = ContextVar("maskcheck_stacking", default=False)
 
 
+#: True where unpadded rows of other lengths may share a forward, each extended with later
+#: tokens (the model's positions were shown to read nothing after them), set by :func:`extending`
+_EXTENDING: ContextVar[bool] = ContextVar("maskcheck_extending", default=False)
+
+
 @contextlib.contextmanager
 def stacking(licensed: bool) -> Iterator[None]:
     """Inside, requests may share forwards (``licensed``) or each gets forwards of its own."""
@@ -107,6 +119,17 @@ def stacking(licensed: bool) -> Iterator[None]:
         yield
     finally:
         _STACKING.reset(token)
+
+
+@contextlib.contextmanager
+def extending(licensed: bool) -> Iterator[None]:
+    """Inside, stacked unpadded rows may be extended on the right with real tokens to the
+    longest of their forward (``licensed``), or stack at equal lengths only."""
+    token = _EXTENDING.set(licensed)
+    try:
+        yield
+    finally:
+        _EXTENDING.reset(token)
 
 
 def one_forward(adapter: Adapter, batches: Sequence[Batch]) -> Evaluation:
@@ -236,6 +259,7 @@ def answer(
         asked = [forwards[i] for i in group]
         length = max(r.batch.predicted_ids.shape[1] for r in asked)
         side = _padded_side(asked[0].batch)
+        extend = _stack_key(asked[0])[-1] == EXTENDED  # unpadded rows, lengthened with later tokens
         for i, request in zip(group, asked):  # each request's call as it asked for it, not the stacked one
             log = log_of(i)
             if log is not None:
@@ -244,11 +268,11 @@ def answer(
                 )
         try:
             with logging_calls(None), not_stored():  # the stacked call is no case's own: each request was noted above
-                keeps = [r.keep for r in asked]
-                keep = None if None in keeps else max(k for k in keeps if k is not None)
                 logits = _logits(
-                    asked[0].adapter, concat([widen(r.batch, length, side, r.adapter) for r in asked]), keep
-                )  # [sum B, length or keep, V]
+                    asked[0].adapter,
+                    concat([(extended if extend else widen)(r.batch, length, side, r.adapter) for r in asked]),
+                    _kept_together(asked, length, extend),
+                )  # [sum B, length or the kept columns, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
                 replies[i] = _forward(forwards[i], log_of(i))
@@ -256,7 +280,11 @@ def answer(
         start = 0
         for i, request in zip(group, asked):
             rows, own = request.batch.size, request.batch.predicted_ids.shape[1]
-            if request.keep is not None:  # the last columns: widened on the left or not at all (_stack_key)
+            if extend:  # its own positions, the first ``own``; the forward returned columns from ``start``
+                first = length - logits.shape[1]
+                kept = own if request.keep is None else min(request.keep, own)
+                columns = slice(own - kept - first, own - first)
+            elif request.keep is not None:  # the last columns: widened on the left or not at all (_stack_key)
                 columns = slice(logits.shape[1] - min(request.keep, own), logits.shape[1])
             else:
                 columns = slice(length - own, length) if side == "left" else slice(0, own)
@@ -402,10 +430,15 @@ def _partition(
     return groups
 
 
+#: the last element of the stack key of unpadded rows that stack across lengths (:func:`extended`)
+EXTENDED = "extended"
+
+
 def _stack_key(request: Logits) -> tuple:
     """Requests with equal keys may share a forward. The last element is the side a
     decoder-only batch is padded on, where requests of other lengths may be widened to
-    stack; otherwise ``None``, and the lengths are part of the key."""
+    stack, or :data:`EXTENDED` for unpadded rows that may be lengthened (:func:`extending`);
+    otherwise ``None``, and the lengths are part of the key."""
     batch = request.batch
     present = tuple(name for name in BATCH_FIELDS if getattr(batch, name) is not None)
     if batch.decoder_input_ids is None:
@@ -413,6 +446,8 @@ def _stack_key(request: Logits) -> tuple:
         # Kept positions are the last columns: a batch widened on the right would move them.
         if kind == "left" or (kind == "right" and request.keep is None):
             return (id(request.adapter), present, kind)
+        if kind in ("none", "ones") and batch.segment_ids is None and _EXTENDING.get():
+            return (id(request.adapter), present, kind, EXTENDED)
         return (id(request.adapter), present, kind, batch.input_ids.shape[1], None)
     kinds = (_mask_kind(batch.attention_mask), _mask_kind(batch.decoder_attention_mask))
     return (id(request.adapter), present, kinds, batch.input_ids.shape[1], batch.decoder_input_ids.shape[1], None)
@@ -463,3 +498,35 @@ def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batc
         )
         widened[name] = torch.cat([fill, value] if side == "left" else [value, fill], dim=1)  # [B, length]
     return Batch(**widened)
+
+
+def extended(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batch:
+    """Unpadded decoder rows ``batch [B, T]`` lengthened to ``length`` with real tokens on
+    the right (never the pad id; a mask of ones and the next positions where the batch has
+    them): the call of the same kind, longer. Its first ``T`` positions are the batch's own
+    for a model whose positions read nothing after them (:func:`extending`), so any ids
+    serve: the vocabulary in order. ``side`` is None (unpadded rows), kept for
+    :func:`widen`'s signature."""
+    extra = length - batch.input_ids.shape[1]
+    if extra == 0:
+        return batch
+    pad = pad_token(adapter)
+    ids = torch.arange(extra, device=batch.input_ids.device) % max(1, adapter.capabilities.vocab_size - 1)  # [extra]
+    ids = (ids + (ids >= pad).long()).to(batch.input_ids.dtype).expand(batch.size, -1)  # [B, extra]: the pad id skipped
+    mask, positions = batch.attention_mask, batch.position_ids
+    if mask is not None:
+        mask = torch.cat([mask, torch.ones_like(ids, dtype=mask.dtype)], dim=1)  # [B, length]
+    if positions is not None:  # each row's next positions after its last
+        following = torch.arange(1, extra + 1, device=positions.device, dtype=positions.dtype)  # [extra]
+        positions = torch.cat([positions, positions[:, -1:] + following], dim=1)  # [B, length]
+    return Batch(torch.cat([batch.input_ids, ids], dim=1), mask, positions)
+
+
+def _kept_together(asked: list[Logits], length: int, extend: bool) -> int | None:
+    """The last positions a stacked forward of ``asked`` (at ``length``) must return: the most
+    any request keeps, counted from the end of the forward (an extended request's kept
+    positions end at its own length, before the extension); None where one keeps them all."""
+    kept = [(r.keep, r.batch.predicted_ids.shape[1]) for r in asked]
+    if any(keep is None for keep, _ in kept):
+        return None
+    return max(min(keep, own) + (length - own if extend else 0) for keep, own in kept if keep is not None)

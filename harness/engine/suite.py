@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ..adapters.base import Adapter, AdapterError, Capabilities
 from ..adapters.paths import CallLog, logging_calls
-from .batching import run_alone, run_together, stacking
+from .batching import extending, run_alone, run_together, stacking
 from .profiles import profile_settings, without_local_constants
 from .strategies import MARK, reaching
 from .tolerance import Tolerance
@@ -50,6 +50,10 @@ class RunContext:
     # Cases of one example share forwards (harness/engine/batching.py); the runner sets it once the
     # model's rows were shown not to read each other.
     batch_cases: bool = False
+    # Unpadded rows of other lengths share forwards too, each extended with later tokens
+    # (harness/engine/batching.py); the runner sets it once the model's positions were
+    # shown to read nothing after them (``Suite.extension_gate``).
+    extend_rows: bool = False
     # (suite, check) -> run_check_keeping_cases's answer, for a check run before its suite (the batching gate)
     decided: dict[tuple[str, str], tuple] = field(default_factory=dict)
     # The call paths checks also run on besides the canonical one (harness/adapters/paths.py),
@@ -193,6 +197,10 @@ class Suite(abc.ABC):
     #: the check that measures whether rows of one batch read each other; it runs first,
     #: alone, and cases of every check share forwards only when it passed (harness/engine/batching.py)
     batching_gate: ClassVar[str | None] = None
+    #: the checks that measure whether a position reads anything after it (the later
+    #: tokens' values, whether any follow); once all of them passed, the suites after this
+    #: one stack unpadded rows of other lengths, extended with later tokens (harness/engine/batching.py)
+    extension_gate: ClassVar[tuple[str, ...]] = ()
     #: whether its checks run on every call path too (harness/adapters/paths.py), besides
     #: the canonical one; False for a suite whose answer the path cannot change
     call_paths: ClassVar[bool] = True
@@ -500,7 +508,7 @@ class CheckRun:
         if self.failures and self.shrinking_stopped() and not self.from_memo(cases):
             return  # no new case: the shrinker sees no progress and reports the smallest failure so far
         licensed = self.context.batch_cases and self.check.batchable
-        with stacking(licensed):
+        with stacking(licensed), extending(licensed and self.context.extend_rows):
             self.evaluate_in_order(cases, licensed)
 
     def evaluate_in_order(self, cases: list[Any], licensed: bool) -> None:
