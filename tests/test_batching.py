@@ -262,6 +262,17 @@ def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batch
     assert f"{len(json.loads(RECORD.read_text()))} of " in done.stdout
 
 
+def assert_each_request_got_its_own(
+    adapter: Any, batches: list[Batch], keeps: list[int | None], replies: dict[int, torch.Tensor]
+) -> None:
+    """Request ``i``'s reply is the logits of ``batches[i]`` run alone, its last ``keeps[i]`` positions."""
+    for i, (batch, keep) in enumerate(zip(batches, keeps)):
+        full = adapter.logits(batch)  # [B, T, V]
+        expected = full if keep is None else full[:, -keep:]
+        assert replies[i].shape == expected.shape
+        torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)
+
+
 def test_requests_for_the_last_positions_stack_and_each_gets_its_own(decoder: Any) -> None:
     """Left-padded and unpadded requests that keep their last positions share forwards (the
     widest keep of a group) and each gets its own last positions; right-padded ones are not
@@ -278,11 +289,7 @@ def test_requests_for_the_last_positions_stack_and_each_gets_its_own(decoder: An
     requests = {i: Logits(decoder, b, k) for i, (b, k) in enumerate(zip(batches, keeps))}
     assert sorted(sorted(g) for g in plan(requests)) == [[0, 1], [2, 3], [4], [5]]
     replies = answer(requests)
-    for i, (batch, keep) in enumerate(zip(batches, keeps)):
-        full = decoder.logits(batch)  # [B, T, V]
-        expected = full if keep is None else full[:, -keep:]
-        assert replies[i].shape == expected.shape
-        torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)
+    assert_each_request_got_its_own(decoder, batches, keeps, replies)
 
 
 def test_a_same_shape_pair_is_remembered_row_by_row_only_where_rows_may_share_forwards(decoder: Any) -> None:
@@ -331,11 +338,7 @@ def test_unpadded_rows_of_other_lengths_stack_extended_only_where_licensed(decod
         assert sorted(sorted(g) for g in plan(requests)) == [[0, 1, 4], [2, 3]]  # no mask apart from ones
         decoder.forward_memo.clear()
         replies = answer(requests)
-    for i, (batch, keep) in enumerate(zip(batches, keeps)):
-        full = decoder.logits(batch)  # [B, T, V]
-        expected = full if keep is None else full[:, -keep:]
-        assert replies[i].shape == expected.shape
-        torch.testing.assert_close(replies[i], expected, atol=STACKED_ATOL, rtol=0)
+    assert_each_request_got_its_own(decoder, batches, keeps, replies)
     longer = extended(batches[2], 9, None, decoder)
     assert longer.input_ids.shape == (1, 9) and bool(longer.attention_mask.all())
     assert torch.equal(longer.input_ids[:, :5], batches[2].input_ids)
