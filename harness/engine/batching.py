@@ -29,8 +29,9 @@ Unpadded decoder rows (no mask, or a mask of ones) of other lengths stack too, o
 model's causality licenses it (:func:`extending`): each is extended on the right with
 real tokens, no padding, so no row's attention path changes, and each gets back only its
 own positions. That is sound for a model whose positions read neither the later tokens'
-values nor whether any follow, which ``causal/future_tokens`` and ``causal/truncation``
-measure; the runner licenses it only after both passed (harness/audits/runner.py).
+values nor whether any follow, which ``causal/future_tokens`` measures (it changes later
+ids and cuts them off); the runner licenses it only after that passed
+(harness/audits/runner.py).
 """
 
 from __future__ import annotations
