@@ -57,15 +57,20 @@ WARN_CHECKS = {
 
 #: a serving failure whose decode was already wrong without the operation: kv_cache's finding
 CACHE_BEFORE_OPERATION = "the cache is wrong before any"
+#: a causal failure of the cut rows (suites/causal.py:truncation), not of a changed id: its own direct check
+READS_LENGTH = "a position reads how many tokens follow it"
 
 
 def direct_check(suite: str, verdict: dict) -> str | None:
     """The reproduce_finding.py check for a verdict: the suite's own for a FAIL (a serving
-    FAIL the same decode without the operation shows too: kv_cache's, which it is); for a
+    FAIL the same decode without the operation shows too: kv_cache's, which it is; a causal
+    FAIL of the cut rows: truncation); for a
     WARN, the one that measures its behaviour (None: no direct check measures it)."""
     if verdict["status"] == "fail":
         if suite == "serving" and CACHE_BEFORE_OPERATION in verdict.get("message", ""):
             return "kv_cache"
+        if suite == "causal" and READS_LENGTH in verdict.get("message", ""):
+            return "truncation"
         return suite
     return WARN_CHECKS.get((suite, verdict.get("check")), WARN_CHECKS.get(suite))
 

@@ -19,6 +19,7 @@ keeps its float32 result, and the script says so.
 | suite | what must not change |
 |---|---|
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
+| truncation | (causal's cut) a row's first 15 logits when the row is cut after them, from 16 and from 129 tokens |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
@@ -96,6 +97,19 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         )
         worst = max(worst, beyond)
     return worst, worst > 0.0
+
+
+def truncation(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """A row's first 15 logits against the same row cut after them, for rows of 16 and 129
+    tokens: a causal model's prefix does not depend on what follows it, nor on how much
+    (other shapes, so a finding above the rounding bar)."""
+    worst = 0.0
+    for length in (16, 129):
+        row = ids(model, length, seed=7)
+        cut = float((predicted(model, row)[:, :15] - predicted(model, row[:, :15])).abs().max())
+        print(f"a row of {length} tokens cut after its first 15: their logits move by {cut:.3g}")
+        worst = max(worst, cut)
+    return worst, beyond_rounding(worst, model)
 
 
 def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
@@ -286,6 +300,7 @@ def packing_unisolated(model: torch.nn.Module, task: str) -> tuple[float, bool]:
 
 CHECKS = {
     "causal": causal,
+    "truncation": truncation,
     "padding": padding,
     "packing": packing,
     "kv_cache": kv_cache,
