@@ -339,7 +339,7 @@ def test_unpadded_rows_of_other_lengths_stack_extended_only_where_licensed(decod
         decoder.forward_memo.clear()
         replies = answer(requests)
     assert_each_request_got_its_own(decoder, batches, keeps, replies)
-    longer = extended(batches[2], 9, None, decoder)
+    longer = extended(batches[2], 9, decoder)
     assert longer.input_ids.shape == (1, 9) and bool(longer.attention_mask.all())
     assert torch.equal(longer.input_ids[:, :5], batches[2].input_ids)
     assert not bool((longer.input_ids[:, 5:] == decoder.capabilities.pad_token_id).any())

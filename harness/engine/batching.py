@@ -269,10 +269,12 @@ def answer(
                 )
         try:
             with logging_calls(None), not_stored():  # the stacked call is no case's own: each request was noted above
+                stacked = [
+                    extended(r.batch, length, r.adapter) if extend else widen(r.batch, length, side, r.adapter)
+                    for r in asked
+                ]
                 logits = _logits(
-                    asked[0].adapter,
-                    concat([(extended if extend else widen)(r.batch, length, side, r.adapter) for r in asked]),
-                    _kept_together(asked, length, extend),
+                    asked[0].adapter, concat(stacked), _kept_together(asked, length, extend)
                 )  # [sum B, length or the kept columns, V]
         except Exception:  # a stacked forward that fails is retried request by request, so each case gets its own error
             for i in group:
@@ -501,13 +503,12 @@ def widen(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batc
     return Batch(**widened)
 
 
-def extended(batch: Batch, length: int, side: str | None, adapter: Adapter) -> Batch:
+def extended(batch: Batch, length: int, adapter: Adapter) -> Batch:
     """Unpadded decoder rows ``batch [B, T]`` lengthened to ``length`` with real tokens on
     the right (never the pad id; a mask of ones and the next positions where the batch has
     them): the call of the same kind, longer. Its first ``T`` positions are the batch's own
     for a model whose positions read nothing after them (:func:`extending`), so any ids
-    serve: the vocabulary in order. ``side`` is None (unpadded rows), kept for
-    :func:`widen`'s signature."""
+    serve: the vocabulary in order."""
     extra = length - batch.input_ids.shape[1]
     if extra == 0:
         return batch
