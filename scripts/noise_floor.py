@@ -98,7 +98,12 @@ def main() -> None:
             if value is not None:
                 if value > worst["vs_float32"][0]:
                     worst["vs_float32"] = (value, spec)
-            context = RunContext(tolerance=UNIT, dtype=adapter.capabilities.dtype, examples=args.examples)
+            context = RunContext(
+                tolerance=UNIT,
+                dtype=adapter.capabilities.dtype,
+                units=adapter.capabilities.output_kind.units,
+                examples=args.examples,
+            )
             for suite in suites:
                 if suite.not_applicable(adapter.capabilities):
                     continue

@@ -23,6 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.outputs import KINDS
 from ..harness.engine.batching import Evaluation, one_forward
 from ..harness.engine.cases import (
     gradient_check,
@@ -146,7 +147,10 @@ class CausalSuite(Suite):
     extension_gate = ("future_tokens",)
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
-        return None  # every model has a pattern to check
+        output = capabilities.output_kind
+        if not output.per_position:  # every model with an output per position has a pattern to check
+            return f"the model returns {KINDS[output.name]}: no output of a position to order against later tokens"
+        return None
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         caps = adapter.capabilities

@@ -203,6 +203,8 @@ class KVCacheSuite(Suite):
         return capabilities.no_cache_reason or "the model declares no KV cache"
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.output_kind.is_vocabulary:
+            return capabilities.output_kind.decodes_no_tokens
         if not capabilities.has_cache and not capabilities.generates:
             return self.no_cache(capabilities)
         return None  # a model that takes no mask decodes unpadded rows: CacheBatches

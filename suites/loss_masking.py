@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.outputs import KINDS
 from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import (
     GRADIENT_CASES,
@@ -174,6 +175,12 @@ class LossMaskingSuite(Suite):
         self._fits: list[SmoothingFit] = []  # the label smoothings reference_loss fitted, case by case
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
+        output = capabilities.output_kind
+        if not output.is_vocabulary:
+            return (
+                f"the model returns {KINDS[output.name]}: these checks judge a language model's loss over "
+                "vocabulary logits, and a head's own loss is not checked yet"
+            )
         if not capabilities.has_loss:
             return "the model computes no loss of its own"
         return None  # without a mask, reference_loss runs on unpadded rows

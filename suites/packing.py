@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.outputs import KINDS
 from ..harness.engine.batching import Evaluation, Logits, run_alone
 from ..harness.engine.cases import (
     aligned_outcome,
@@ -237,6 +238,9 @@ class PackingSuite(Suite):
     long_rows_on_paths = False
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
+        output = capabilities.output_kind
+        if not output.per_position:
+            return f"the model returns {KINDS[output.name]}: a packed row's one output cannot be split by sequence"
         if capabilities.packing is None and capabilities.family == "encoder_decoder":
             return "packing is checked for encoders and decoders; this encoder-decoder declares no packing input"
         return None

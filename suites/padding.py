@@ -16,6 +16,11 @@ cross_attention suite's business)
   it fails with that measurement, so the suite's reason is the cause, not one of its effects.
 - ``positions_from_mask``: for models that take position ids, whether left padding
   without them shifts positions. That is a real behaviour to know, not a leak: ``warn``.
+- ``pooling``: only for a model that returns one output per row (a classifier, a reward
+  head, an embedding: harness/adapters/outputs.py), first. Every check above compares that
+  pooled output with the row alone; ``pooling`` measures which padding side it survives
+  and whether the mask or the pad ids decide its position (suites/pooling.py), and names
+  the condition a ``warn`` rests on. The drawn cases then keep to that condition's side.
 
 A NaN or inf at a real position fails the check it appears in: a row that attends to
 nothing must not poison the others.
@@ -30,7 +35,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.base import Adapter, AdapterError, Batch, Capabilities
 from ..harness.engine.batching import Evaluation, Logits
 from ..harness.engine.cases import (
     RowBatches,
@@ -48,6 +53,7 @@ from ..harness.engine.influence import expected_pattern, measure_influence
 from ..harness.engine.profiles import length_cap
 from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
+from .pooling import SIDES, Pooling, measure_pooling
 
 MAX_LENGTH = 12
 
@@ -69,16 +75,19 @@ class CompositionCase:
     seed: int
 
 
-def padded_cases(max_length: int, min_extra: int = 1, longest: int | None = None) -> st.SearchStrategy[PaddedCase]:
+def padded_cases(
+    max_length: int, min_extra: int = 1, longest: int | None = None, sides: tuple[str, ...] = SIDES
+) -> st.SearchStrategy[PaddedCase]:
     """Up to three rows of up to ``max_length`` real tokens; in the first case of an example,
-    one row of up to ``longest`` alone (harness/engine/strategies.py, ``short_or_long``)."""
+    one row of up to ``longest`` alone (harness/engine/strategies.py, ``short_or_long``),
+    padded on one of ``sides``."""
     return case_strategy(
         PaddedCase,
         lengths=st.lists(short_or_long(1, max_length, longest), min_size=1, max_size=3).map(
             functools.partial(long_row_alone, max_length)
         ),
         extra=st.integers(min_extra, 4),
-        side=st.sampled_from(["right", "left"]),
+        side=st.sampled_from(list(sides)),
         seed=st.integers(0, 2**16),
     )
 
@@ -93,14 +102,14 @@ def long_row_alone(short: int, lengths: list[int]) -> tuple[int, ...]:
     return (long[0],) if long else tuple(lengths)
 
 
-def composition_cases(max_length: int) -> st.SearchStrategy[CompositionCase]:
+def composition_cases(max_length: int, sides: tuple[str, ...] = SIDES) -> st.SearchStrategy[CompositionCase]:
     others = st.lists(st.integers(0, max_length), min_size=0, max_size=2)
     return case_strategy(
         CompositionCase,
         length=st.integers(1, max_length),
         others_a=others,
         others_b=others,
-        side=st.sampled_from(["right", "left"]),
+        side=st.sampled_from(list(sides)),
         seed=st.integers(0, 2**16),
     )
 
@@ -115,14 +124,23 @@ class PaddingSuite(Suite):
     long_rows_on_paths = False
     batching_gate = "batch_composition"
 
+    def __init__(self) -> None:
+        self._pooling: Pooling | None = None  # set by checks() for a per-row output
+
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         if not capabilities.takes_attention_mask:
             return "the model takes no attention mask, so it cannot be padded"
         return None
 
     def conclude(self, results: list) -> None:
-        """A positional caveat rests on pad_ids passing: a model whose padded ids move real
+        """A per-row output whose pooled position the pad ids decide (measured by ``pooling``)
+        fails pad_ids by design: that failure is the condition ``pooling`` warns about. A
+        positional caveat rests on pad_ids passing: a model whose padded ids move real
         outputs (RWKV ignores its mask) has no positions to blame."""
+        condition = self._pooling.pad_ids_condition() if self._pooling is not None else None
+        for result in results:
+            if condition and result.name == "pad_ids" and result.status == "fail":
+                result.status, result.message = "warn", result.message + condition
         without_positional_caveats_if(results, "pad_ids")
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
@@ -131,9 +149,15 @@ class PaddingSuite(Suite):
         batches = RowBatches(adapter)
         cap = length_cap(context.profile, caps.max_length)  # None: no declared context, short rows only
         long_rows = None if cap is None else max(longest, cap - 4)  # room for the padding
-        padded = padded_cases(longest, longest=long_rows)  # one strategy object: these checks share its draws
         # What the adapter measured of the mask comes first, so the suite's line gives it as the reason.
         found = [CheckResult("mask_read", "fail", adapter.mask_finding)] if adapter.mask_finding else []
+        sides = SIDES
+        if not caps.output_kind.per_position:
+            pooled = self._measured_pooling(adapter, context)
+            found.append(pooled)
+            if self._pooling is not None:
+                sides = self._pooling.drawn_sides
+        padded = padded_cases(longest, longest=long_rows, sides=sides)  # one strategy object: these checks share it
         checks = [
             *found,
             Check("pad_ids", lambda c: self.pad_ids(batches, context, c), padded),
@@ -144,11 +168,12 @@ class PaddingSuite(Suite):
             Check(
                 "batch_composition",
                 lambda c: self.batch_composition(batches, context, c),
-                composition_cases(longest),
+                composition_cases(longest, sides),
                 batchable=False,
             ),
         ]
-        if caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder":
+        shifts = caps.takes_position_ids and not caps.derives_positions_from_mask and caps.family != "encoder_decoder"
+        if shifts and "left" in sides:  # it pads on the left, which a pooled output's side condition may rule out
             checks.append(
                 # Short rows: any left padding shifts every real position that the model does not
                 # derive from the mask, at any length, and the long padded rows are checked above.
@@ -160,6 +185,14 @@ class PaddingSuite(Suite):
                 )
             )
         return checks
+
+    def _measured_pooling(self, adapter: Adapter, context: RunContext) -> CheckResult:
+        """The ``pooling`` check (suites/pooling.py); an error of the model's is its result."""
+        try:
+            self._pooling = measure_pooling(adapter, context)
+        except AdapterError as exc:
+            return CheckResult("pooling", "error", str(exc))
+        return self._pooling.result()
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 8, padding: int = 2) -> tuple:
         """The influence matrix of one row with ``padding`` slots (left for decoders, right for
@@ -181,7 +214,7 @@ class PaddingSuite(Suite):
         ids, mask = base.predicted_ids, base.predicted_mask
         assert mask is not None
         perturbed = b.with_ids(base, perturb(ids, mask == 0, b.caps.vocab_size, case.seed))
-        what = f"changing the ids at {case.side}-padded slots changed real logits"
+        what = f"changing the ids at {case.side}-padded slots changed {b.outputs}"
         return (yield from same_shape_outcome(b.adapter, context, base, perturbed, mask.bool(), what))
 
     def padded_gradients(self, b: RowBatches, context: RunContext, case: PaddedCase) -> Outcome:
@@ -223,7 +256,7 @@ class PaddingSuite(Suite):
                 for i in range(len(rows))
             ]
             outcome = aligned_outcome(
-                context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed real logits"
+                context, pairs, floor, f"adding {case.extra} {case.side} padding column(s) changed {b.outputs}"
             )
             return left_padding_caveat(outcome, b.caps, case.side)
 

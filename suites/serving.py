@@ -129,6 +129,8 @@ class ServingSuite(Suite):
     call_paths = False
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
+        if not capabilities.output_kind.is_vocabulary:
+            return capabilities.output_kind.decodes_no_tokens
         if not capabilities.has_cache:
             return capabilities.no_cache_reason or "the model declares no KV cache"
         return None

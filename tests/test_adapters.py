@@ -12,7 +12,7 @@ import torch
 from maskcheck import audit
 from maskcheck.harness.adapters.base import AdapterError, Batch, Capabilities, extend
 from maskcheck.harness.adapters.hf import HFAdapter
-from maskcheck.harness.adapters.module import ModuleAdapter
+from maskcheck.harness.adapters.module import DeclarationError, ModuleAdapter
 from maskcheck.harness.adapters.specs import LoadOptions, SpecError, load_adapter, parse_spec
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 
@@ -174,10 +174,24 @@ def test_module_adapter_translates_key_padding_mask() -> None:
     assert seen["mask"].tolist() == [[True, False, False]]
 
 
-def test_wrong_output_shape_is_an_adapter_error() -> None:
-    adapter = ModuleAdapter(
-        lambda ids, mask: torch.zeros(1, 2, 3), Capabilities(family="decoder", vocab_size=5), mask_convention="keep"
-    )
+def test_an_output_that_fits_no_kind_is_refused_in_one_line() -> None:
+    """Measured at two lengths, a shape that follows neither the batch nor the length is no
+    output kind: one line at construction, not an error in every suite."""
+    with pytest.raises(DeclarationError, match=r"shape \[1, 2, 3\] for ids \[2, 5\] .* fits no output kind"):
+        ModuleAdapter(
+            lambda ids, mask: torch.zeros(1, 2, 3), Capabilities(family="decoder", vocab_size=5), mask_convention="keep"
+        )
+
+
+def test_an_output_that_changes_shape_after_measurement_is_an_adapter_error() -> None:
+    calls = []
+
+    def model(ids, mask=None):  # type: ignore[no-untyped-def]
+        calls.append(ids.shape)
+        width = 5 if len(calls) <= 2 else 4  # the measurement's two calls, then another width
+        return torch.zeros(ids.shape[0], ids.shape[1], width)
+
+    adapter = ModuleAdapter(model, Capabilities(family="decoder", vocab_size=5), mask_convention="keep")
     with pytest.raises(AdapterError, match=r"expected \[B, T, V\] = \[1, 3, 5\]"):
         adapter.logits(Batch(torch.zeros(1, 3, dtype=torch.long)))
 
@@ -279,8 +293,14 @@ def test_the_task_rule_reads_heads_then_the_bert_family_fallback() -> None:
     assert infer_task(config(architectures=["BertForPreTraining"])) == "masked-lm"
     assert infer_task(config(architectures=["GPTNeoXForCausalLM"])) == "causal-lm"
     assert infer_task(config(is_encoder_decoder=True), ["SomethingForCausalLM"]) == "seq2seq"
-    assert infer_task(config(model_type="roberta", is_decoder=False, architectures=["RobertaModel"])) == "masked-lm"
+    assert infer_task(config(model_type="roberta", is_decoder=False)) == "masked-lm"
     assert infer_task(config(model_type="roberta", is_decoder=True)) == "causal-lm"
+    # a head's name is read before the family: a base model is loaded as one, never with a random LM head
+    assert infer_task(config(model_type="roberta", is_decoder=False, architectures=["RobertaModel"])) == (
+        "feature-extraction"
+    )
+    assert infer_task(config(is_encoder_decoder=True), ["BartForSequenceClassification"]) == "sequence-classification"
+    assert infer_task(config(), ["GPT2ForTokenClassification"]) == "token-classification"
     # a decoder-only multimodal class is not an encoder-decoder: its name does not make it one
     assert infer_task(config(architectures=["Gemma3ForConditionalGeneration"])) == "causal-lm"
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from .errors import AdapterError, check_logits
 from .gradient_calls import GradientCalls
 from .memo import ForwardMemo, MemoisedCalls, forward_memo, memo_storing
+from .outputs import OutputKind, vocabulary
 from .paths import (
     CANONICAL,
     DEFAULT_CACHE,
@@ -65,6 +66,10 @@ class Capabilities:
     generates: bool = False  # the adapter runs the model's own generate(), with its cache and without
     has_loss: bool = False
     pad_token_id: int | None = None
+    eos_token_id: int | None = None
+    # The side the model's inputs are padded on ("left" or "right"): its tokenizer's
+    # padding_side, else declared; None where neither says (a decoder has no default side).
+    padding_side: str | None = None
     max_length: int | None = None
     trained_length: int | None = None
     # The declared pattern; None takes the family's: an encoder reads both ways, a decoder
@@ -80,10 +85,27 @@ class Capabilities:
     device: str = "cpu"
     dtype: str = "float32"
     tokenizer: Any = field(default=None, compare=False, repr=False)
+    # What the model returns (harness/adapters/outputs.py); None: logits over the vocabulary.
+    output: OutputKind | None = None
 
     def __post_init__(self) -> None:
         if self.attention is None:
             object.__setattr__(self, "attention", "bidirectional" if self.family == "encoder" else "causal")
+        if self.output is None:
+            object.__setattr__(self, "output", vocabulary(self.vocab_size))
+        if self.padding_side not in (None, "left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
+
+    @property
+    def output_kind(self) -> OutputKind:
+        """:attr:`output`, typed as set (``__post_init__`` fills it)."""
+        assert self.output is not None
+        return self.output
+
+    @property
+    def output_width(self) -> int:
+        """The last dimension of the ``[B, T, C]`` the adapter hands the engine."""
+        return self.output_kind.width
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -265,7 +287,7 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
         else:
             with torch.inference_mode():
                 out = self._kept_logits(batch, keep)
-        logits = check_logits(out, ids.shape[0], keep or ids.shape[1], self.capabilities.vocab_size)
+        logits = check_logits(out, ids.shape[0], keep or ids.shape[1], self.capabilities.output_width)
         if key is not None and memo_storing():
             self.forward_memo.put(key, logits)
         return logits
@@ -310,7 +332,7 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
 
     def _prefill_logits(self, logits: Any, batch: Batch) -> Tensor:
         ids = batch.predicted_ids
-        return check_logits(logits, ids.shape[0], ids.shape[1], self.capabilities.vocab_size, "prefill logits")
+        return check_logits(logits, ids.shape[0], ids.shape[1], self.capabilities.output_width, "prefill logits")
 
     def step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Any]:
         """Append ``tokens [B, n]`` (``attention_mask [B, n]``; None: all real); the state is
@@ -319,7 +341,7 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
         with torch.inference_mode():
             logits, new_state = self._step(state, tokens, attention_mask)
         return check_logits(
-            logits, tokens.shape[0], tokens.shape[1], self.capabilities.vocab_size, "step logits"
+            logits, tokens.shape[0], tokens.shape[1], self.capabilities.output_width, "step logits"
         ), new_state
 
     def fork(self, state: Any) -> Any:
@@ -372,7 +394,7 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
         self._check_eval()
         with torch.inference_mode():
             tokens, logits = self._generate(batch, new_tokens, use_cache)
-        return tokens, check_logits(logits, batch.size, new_tokens, self.capabilities.vocab_size, "generate() logits")
+        return tokens, check_logits(logits, batch.size, new_tokens, self.capabilities.output_width, "generate() logits")
 
     def packing_settings(self) -> list[tuple[PackingSetting, "Adapter"]]:
         """The ways to run packed rows, the documented one first, each with the adapter that runs it."""

@@ -51,7 +51,8 @@ class GradientCalls:
         """The backward of a training step, measured: ``[B, T]`` float64, the norm at each
         predicted-side position's token embedding of the gradient of ``sum over outputs
         [B, T] (True: included) of log_softmax(logits) . u`` (``u [V]`` a random direction
-        from ``seed``), and the ``[B, T, V]`` logits. Run as :func:`training_forward` runs the
+        from ``seed``; the outputs themselves for an output compared raw, outputs.py), and the
+        ``[B, T, V]`` logits. Run as :func:`training_forward` runs the
         model. The embeddings are the output of :meth:`embedding_module`, replaced by a leaf
         that records gradients; called more than once (an encoder-decoder's shared
         embedding), the last call of the predicted side's shape is the one measured."""
@@ -84,7 +85,7 @@ class GradientCalls:
         try:
             with training_forward(self.model):
                 logits = check_logits(
-                    self._logits(trainable_copy(batch)), ids.shape[0], ids.shape[1], self.capabilities.vocab_size
+                    self._logits(trainable_copy(batch)), ids.shape[0], ids.shape[1], self.capabilities.output_width
                 )
                 leaves = [
                     (leaf, seq_first)
@@ -100,7 +101,9 @@ class GradientCalls:
                 ).to(logits.device)
                 # Indexed, not weighted: 0 x NaN at an excluded position (a fully masked row) is NaN.
                 selected = logits[outputs.to(device=logits.device, dtype=torch.bool).clone()].double()  # [N, V]
-                objective = (torch.log_softmax(selected, -1) @ direction).sum()
+                if self.capabilities.output_kind.units == "log_probabilities":
+                    selected = torch.log_softmax(selected, -1)
+                objective = (selected @ direction).sum()
                 leaf, seq_first = leaves[-1]
                 (gradient,) = torch.autograd.grad(objective, leaf, allow_unused=True)
         finally:

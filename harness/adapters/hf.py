@@ -1,4 +1,6 @@
-"""Adapter for Hugging Face ``transformers`` models: causal LM, masked LM and seq2seq.
+"""Adapter for Hugging Face ``transformers`` models: causal LM, masked LM and seq2seq, and the
+models that end elsewhere (sequence and token classifiers, reward heads, base models), whose
+output is measured (:mod:`.outputs`).
 
 Loads only safetensors and never sets ``trust_remote_code`` unless the caller asks.
 Cached decoding goes through the model's own generation methods (see
@@ -12,6 +14,7 @@ and uses whichever the installed version has.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +37,10 @@ from .base import (
     positions_from_mask,
 )
 from .generation import GenerationPath, GenerationState, drives_generation
-from .hf_loading import FAMILY_OF_TASK, TASKS, HFLoadError, LoadingInfo, Task, infer_task
+from .hf_loading import LM_TASKS, TASKS, HFLoadError, LoadingInfo, Task, family_of, infer_task
 from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
 from .memo import plain_values
+from .outputs import OutputKind, measure_output, read_output, vocabulary
 from .peft_models import is_peft_model, unwrap_peft
 from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
 
@@ -94,7 +98,7 @@ class HFAdapter(Adapter):
         if chosen not in TASKS:
             raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
         self.task: Task = chosen  # type: ignore[assignment]
-        family = FAMILY_OF_TASK[chosen]
+        family = family_of(model.config, chosen)
         keywords = ForwardKeywords.of(model)
         self.cache_keyword = (
             "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)
@@ -105,14 +109,16 @@ class HFAdapter(Adapter):
         self.takes_use_cache = keywords.named("use_cache") and chosen != "masked-lm"
         vocab_size = _output_vocab(model)
         # What a signature cannot tell is measured by calling the model: the rows of its
-        # logits, where its positions start, and (below) whether labels give a loss.
-        check_logit_rows(model, chosen, vocab_size)
+        # logits (or what a head returns), where its positions start, and (below) whether
+        # labels give a loss.
+        output = _measured_output(model, chosen, vocab_size)
         offset = position_offset(model, chosen, vocab_size) if keywords.named("position_ids") else 0
         #: the model's own generation methods, when it has them; None: steps built by hand
         self.generation, no_cache_reason = self._decoding(
-            model, family, keywords.named("position_ids"), offset, vocab_size
+            model, family, keywords.named("position_ids"), offset, vocab_size, output
         )
-        super().__init__(model, self._capabilities(model, keywords, vocab_size, offset, no_cache_reason, tokenizer))
+        capabilities = self._capabilities(model, keywords, vocab_size, offset, no_cache_reason, tokenizer, family)
+        super().__init__(model, dataclasses.replace(capabilities, output=output))
         self.spec = spec
         #: how the checkpoint's tensors were loaded (None for a model handed in as an object)
         self.loading_info: LoadingInfo | None = getattr(model, "maskcheck_loading_info", None)
@@ -120,13 +126,15 @@ class HFAdapter(Adapter):
         # use_cache=False unless a packing setting leaves it at the config default (None)
         self.use_cache: bool | None = False
         self.mask_of_ones = False
-        self.logits_to_keep = LogitsToKeep(named=keywords.named("logits_to_keep"))
+        self.logits_to_keep = LogitsToKeep(named=keywords.named("logits_to_keep") and output.is_vocabulary)
 
     def _decoding(
-        self, model: Any, family: str, takes_position_ids: bool, offset: int, vocab_size: int
+        self, model: Any, family: str, takes_position_ids: bool, offset: int, vocab_size: int, output: OutputKind
     ) -> tuple[GenerationPath | None, str | None]:
         """How cached decoding runs (the model's own generation methods, or None: steps built
         by hand), and why the model has no cache to check, or None when it has one."""
+        if not output.is_vocabulary:
+            return None, output.decodes_no_tokens
         if family == "encoder":
             return None, "an encoder (masked LM) does not decode token by token"
         if drives_generation(model):
@@ -146,9 +154,9 @@ class HFAdapter(Adapter):
         offset: int,
         no_cache_reason: str | None,
         tokenizer: Any,
+        family: str,
     ) -> Capabilities:
         config = model.config
-        family = FAMILY_OF_TASK[self.task]
         parameter = next(model.parameters())
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         attention, window = declared_attention(config, family)
@@ -167,10 +175,15 @@ class HFAdapter(Adapter):
             has_cache=family != "encoder" and no_cache_reason is None,
             no_cache_reason=no_cache_reason,
             generates=family != "encoder"
+            and self.task in LM_TASKS
             and callable(getattr(model, "generate", None))
             and bool(getattr(model, "can_generate", lambda: False)()),
-            has_loss=keywords.accepts("labels") and returns_loss(model, self.task, vocab_size),
+            has_loss=self.task in LM_TASKS
+            and keywords.accepts("labels")
+            and returns_loss(model, self.task, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),
+            eos_token_id=_single_id(getattr(text_config, "eos_token_id", None)),
+            padding_side=getattr(tokenizer, "padding_side", None),
             max_length=getattr(text_config, "max_position_embeddings", None)
             or getattr(text_config, "n_positions", None),
             attention=attention,  # type: ignore[arg-type]
@@ -217,7 +230,10 @@ class HFAdapter(Adapter):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
-            task=self.task, architecture=type(self.model).__name__, attn_implementation=self.attn_implementation
+            task=self.task,
+            architecture=type(self.model).__name__,
+            attn_implementation=self.attn_implementation,
+            output=self.capabilities.output_kind.describe(),
         )
         if self.wrapper is not None:
             info["wrapper"] = self.wrapper
@@ -318,7 +334,9 @@ class HFAdapter(Adapter):
         return call_model(self.model, **inputs)
 
     def _logits(self, batch: Batch) -> Tensor:
-        return self._call(**self._inputs(batch)).logits
+        output = self.capabilities.output_kind
+        value, _ = read_output(self._call(**self._inputs(batch)), output.source)
+        return output.in_positions(value, batch.predicted_ids.shape[1])  # [B, T, C]
 
     def _kept_logits(self, batch: Batch, keep: int | None) -> Tensor:
         """With ``keep``, the model's own ``logits_to_keep=keep`` where it measured right
@@ -545,6 +563,34 @@ def _input_device(model: Any, parameter: Any) -> str:
         return str(parameter.device)
     first = next(iter(placement.values()))
     return f"cuda:{first}" if isinstance(first, int) else ("cpu" if first in ("cpu", "disk") else str(first))
+
+
+def _measured_output(model: Any, task: str, vocab_size: int) -> OutputKind:
+    """What the model returns. A language model's logits must have a row per token
+    (:func:`check_logit_rows`); any other head's output is measured at two lengths, its
+    units told by its config: single-label class scores are log-probabilities, a
+    regression, multi-label or one-label (reward) head's scores and a base model's hidden
+    states are raw values."""
+    if task in LM_TASKS:
+        check_logit_rows(model, task, vocab_size)
+        return vocabulary(vocab_size)
+    config = model.config
+    single_label = task != "feature-extraction" and getattr(config, "problem_type", None) not in (
+        "regression",
+        "multi_label_classification",
+    )
+    device = str(next(model.parameters()).device)
+    try:
+        return measure_output(lambda ids: call_model(model, input_ids=ids), vocab_size, device, scores=single_label)
+    except AdapterError as exc:
+        raise HFLoadError(f"{type(model).__name__}: {exc}") from None
+
+
+def _single_id(value: Any) -> int | None:
+    """A config's token id (the first of a list of them), or None."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value if isinstance(value, int) else None
 
 
 def _output_vocab(model: Any) -> int:

@@ -16,9 +16,16 @@ from torch import Tensor
 
 from .base import PickleRefused, load_tensors_only
 
-Task = Literal["causal-lm", "masked-lm", "seq2seq"]
-TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
+Task = Literal[
+    "causal-lm", "masked-lm", "seq2seq", "sequence-classification", "token-classification", "feature-extraction"
+]
+#: the tasks whose models end in a vocabulary head, and the family each one's task tells
+LM_TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
 FAMILY_OF_TASK = {"causal-lm": "decoder", "masked-lm": "encoder", "seq2seq": "encoder_decoder"}
+#: the tasks of models that end elsewhere: a classifier per row (reward and regression heads
+#: included), per token, and the base model whose hidden states embedding pipelines pool
+HEAD_TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "feature-extraction")
+TASKS: tuple[str, ...] = LM_TASKS + HEAD_TASKS
 
 
 class HFLoadError(Exception):
@@ -38,6 +45,12 @@ class LoadingInfo:
 #: class-name endings of the heads whose task the name tells (an encoder-decoder is told by its config)
 MASKED_LM_HEADS = ("ForMaskedLM", "ForPreTraining")
 CAUSAL_LM_HEADS = ("ForCausalLM", "LMHeadModel")
+CLASSIFIER_HEADS = {
+    "ForSequenceClassification": "sequence-classification",
+    "ForTokenClassification": "token-classification",
+}
+#: heads whose inputs are not one row of tokens per example (choices, question spans): refused by name
+UNAUDITED_HEADS = ("ForMultipleChoice", "ForQuestionAnswering", "ForNextSentencePrediction")
 #: model types whose config, saved without a head's name, is a masked LM when it says it is no decoder
 BERT_FAMILY = ("bert", "roberta", "distilbert", "albert", "electra")
 
@@ -46,22 +59,73 @@ def infer_task(config: Any, class_names: Sequence[str] = ()) -> Task:
     """The task of a model, by one rule whether it was handed in as an object (its class's
     name) or is read from a directory (the config's ``architectures``):
 
-    - a config that says it is an encoder-decoder: ``seq2seq``;
+    - a classifier head's class name (``...ForSequenceClassification``,
+      ``...ForTokenClassification``): that classification task, whatever the family;
+    - else a config that says it is an encoder-decoder: ``seq2seq``;
     - else the first class name whose head tells the task (``...ForMaskedLM`` and
-      ``...ForPreTraining``: ``masked-lm``; ``...ForCausalLM`` and ``...LMHeadModel``: ``causal-lm``);
+      ``...ForPreTraining``: ``masked-lm``; ``...ForCausalLM`` and ``...LMHeadModel``: ``causal-lm``;
+      a base model class of transformers' ``AutoModel`` mapping, ``BertModel``: ``feature-extraction``);
     - else a BERT-family config that says it is no decoder: ``masked-lm``;
     - else ``causal-lm``.
+
+    A head whose inputs are not one row of tokens (multiple choice, question answering) is an
+    :class:`HFLoadError`: loading it as another class would audit a model it is not.
     """
+    names = list(class_names) or list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name.endswith(UNAUDITED_HEADS):
+            raise HFLoadError(
+                f"{name} takes inputs other than one row of tokens per example, which maskcheck does not audit; "
+                f"--task names the class to load instead ({', '.join(TASKS)})"
+            )
+        head = next((task for ending, task in CLASSIFIER_HEADS.items() if name.endswith(ending)), None)
+        if head is not None:
+            return head  # type: ignore[return-value]
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
-    for name in list(class_names) or list(getattr(config, "architectures", None) or []):
+    for name in names:
         if name.endswith(MASKED_LM_HEADS):
             return "masked-lm"
         if name.endswith(CAUSAL_LM_HEADS):
             return "causal-lm"
+        if name in _base_model_classes():
+            return "feature-extraction"
     if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", "") in BERT_FAMILY:
         return "masked-lm"
     return "causal-lm"
+
+
+def _base_model_classes() -> set[str]:
+    """The class names of transformers' base models (``AutoModel``'s mapping: ``BertModel``, ``LlamaModel``)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    names: set[str] = set()
+    for value in MODEL_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return names
+
+
+def family_of(config: Any, task: str) -> str:
+    """The family a model of ``task`` belongs to: a language-model task tells it; a classifier
+    or a base model is an encoder where its type has a masked LM and its config says it is no
+    decoder (BERT, RoBERTa), a decoder where its type has a causal LM (GPT-2, Llama), else an
+    encoder. An encoder-decoder's classifier is an :class:`HFLoadError` of one line."""
+    if task in FAMILY_OF_TASK:
+        return FAMILY_OF_TASK[task]
+    if getattr(config, "is_encoder_decoder", False):
+        raise HFLoadError(
+            f"{task} of an encoder-decoder ({getattr(config, 'model_type', '?')}) is not audited yet: its head "
+            "builds decoder inputs of its own"
+        )
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    model_type = getattr(config, "model_type", "")
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        return "encoder"
+    return "decoder" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "encoder"
 
 
 def _auto_class(task: Task) -> Any:
@@ -71,6 +135,9 @@ def _auto_class(task: Task) -> Any:
         "causal-lm": transformers.AutoModelForCausalLM,
         "masked-lm": transformers.AutoModelForMaskedLM,
         "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "token-classification": transformers.AutoModelForTokenClassification,
+        "feature-extraction": transformers.AutoModel,
     }[task]
 
 
@@ -125,6 +192,7 @@ def load_hf_directory(
     chosen: Task = task if task is not None else infer_task(config)  # type: ignore[assignment]
     if chosen not in TASKS:
         raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
+    family_of(config, chosen)  # an encoder-decoder's classifier is refused before its weights are read
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = dtype

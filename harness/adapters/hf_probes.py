@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .hf_loading import HFLoadError
+from .outputs import read_output
 
 
 def declared_layer_windows(config: Any) -> list[int | None] | None:
@@ -63,10 +64,11 @@ def position_offset(model: Any, task: str, vocab_size: int) -> int:
     candidates = dict.fromkeys([0, *([pad + 1] if isinstance(pad, int) else []), 1, 2])
     try:
         with torch.inference_mode():
-            own = model(input_ids=ids).logits
+            own, _ = read_output(model(input_ids=ids))
             for offset in candidates:
                 positions = torch.arange(4, device=ids.device)[None] + offset
-                if torch.allclose(model(input_ids=ids, position_ids=positions).logits, own, atol=1e-5, rtol=1e-4):
+                given, _ = read_output(model(input_ids=ids, position_ids=positions))
+                if torch.allclose(given, own, atol=1e-5, rtol=1e-4):
                     return offset
     except Exception:  # noqa: BLE001 - the suites will report a model that cannot take position ids
         return 0

@@ -19,10 +19,15 @@ can be read or measured instead of declared is:
 - **where the logits are**: a forward that returns only the last position's logits at
   inference (nanoGPT's ``logits[:, [-1]]`` when no ``targets`` are given) is called with
   ``targets`` to get every position, when it takes them.
+- **what it returns**: logits over the vocabulary, or any other output kind (a score per
+  row, a value per position, an embedding: :mod:`.outputs`), measured at two lengths. What
+  cannot be measured is declared: ``maskcheck_output_kind`` (``"row_scores"`` for class
+  scores compared as log-probabilities; an undeclared ``[B, C]`` is compared raw) and
+  ``maskcheck_output_name`` (the key or attribute of a structured output to read).
 
 The calling convention::
 
-    model(input_ids, <mask>=..., position_ids=..., segment_ids=...) -> logits [B, T, V]
+    model(input_ids, <mask>=..., position_ids=..., segment_ids=...) -> logits [B, T, V] (or another kind)
 
 ``input_ids [B, T]`` first; the mask by its name, in its polarity, when the batch has one
 (a batch without padding is passed no mask, as users call the model, unless the mask
@@ -81,6 +86,7 @@ from torch import Tensor
 from ...reference_models.masks import positions_from_segments
 from .attention_matrix import SHAPES, buildable, row_matrix
 from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, ServingUnsupported, call_model
+from .outputs import measure_output, read_output
 
 MaskConvention = Literal["keep", "ignore"]
 #: the forward parameters read as a padding mask, in the order they are looked for
@@ -100,6 +106,10 @@ MASK_LAYOUTS: tuple[MaskLayout, ...] = ("padding", "matrix", "matrix_heads")
 
 class DeclarationError(ValueError):
     """A declaration the module contradicts, or one maskcheck needs and cannot measure; one line."""
+
+
+class _ProbeRaised(Exception):
+    """The forward raised on a measurement's call (its message is the suites' to report)."""
 
 
 @dataclass
@@ -160,6 +170,8 @@ class ModuleAdapter(Adapter):
         mask_keyword: str | None = None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
         spec: str = "<module>",
+        output_kind: str | None = None,
+        output_name: str | None = None,
     ) -> None:
         if mask_convention not in (None, "keep", "ignore"):
             raise DeclarationError(
@@ -195,6 +207,9 @@ class ModuleAdapter(Adapter):
         #: how the polarity was found, for the report: declared, measured, or by the name's convention
         self.mask_source = "declared"
         self._polarity_error: str | None = None  # why the measurement could not run (the model raised)
+        #: the key or attribute of a structured output that is read (None: found by name, outputs.py)
+        self.output_name = output_name
+        self._measure_output(output_kind)
         if self.mask_keyword is not None and mask_convention is None:
             convention = named_convention(self.mask_keyword)
             if convention is not None:
@@ -212,6 +227,34 @@ class ModuleAdapter(Adapter):
         self._check_declared_packing(keywords)
 
     # -- what the module is --------------------------------------------------------------
+
+    def _measure_output(self, declared: str | None) -> None:
+        """What the forward returns (outputs.py), measured on calls without padding: without a
+        mask where it has a default, else with a mask of ones in its convention (declared or
+        its name's). A forward that raises on these calls keeps the vocabulary's kind: the
+        suites report what it raises, and a polarity still unknown is asked for later."""
+        convention = None
+        if self.mask_keyword is not None and not self.mask_optional:
+            convention = self.mask_convention or named_convention(self.mask_keyword)
+            if convention is None:
+                return
+
+        def call(ids: Tensor) -> Any:
+            real = torch.ones_like(ids, dtype=torch.bool)  # [B, T]: nothing padded
+            keywords = {} if convention is None else {self.mask_keyword: real if convention == "keep" else ~real}
+            try:
+                return self._every_position(ids, keywords)
+            except AdapterError as exc:
+                raise _ProbeRaised from exc
+
+        caps = self.capabilities
+        try:
+            kind = measure_output(call, caps.vocab_size, caps.device, name=self.output_name, declared=declared)
+        except _ProbeRaised:
+            return
+        except AdapterError as exc:
+            raise DeclarationError(str(exc)) from None
+        self.capabilities = replace(caps, output=kind)
 
     @classmethod
     def _check_declared_positions(cls, capabilities: Capabilities, keywords: ForwardKeywords) -> None:
@@ -370,6 +413,7 @@ class ModuleAdapter(Adapter):
             shape = "" if self.mask_layout == "padding" else f"{LAYOUT_NAMES[self.mask_layout]}, "
             described["mask"] = f"{self.mask_keyword}= ({shape}{meaning}, {self.mask_source})"
         described["cache"] = self.cache_shape or "none"
+        described["output"] = self.capabilities.output_kind.describe()
         return described
 
     # -- calls ---------------------------------------------------------------------------
@@ -394,15 +438,19 @@ class ModuleAdapter(Adapter):
         return self._mask(matrix)
 
     def _call(self, ids: Tensor, keywords: dict[str, Any]) -> Tensor:
-        logits = _logits_of(call_model(self.model, ids, **keywords))
+        """The model's output for ``ids [B, T]`` as ``[B, T, C]`` (outputs.py)."""
+        return self.capabilities.output_kind.in_positions(self._every_position(ids, keywords), ids.shape[1])
+
+    def _every_position(self, ids: Tensor, keywords: dict[str, Any]) -> Any:
+        """The output the forward returns, read by name (outputs.py), of every position."""
+        value, _ = read_output(call_model(self.model, ids, **keywords), self.output_name)
         if (
-            self.targets_keyword is not None
-            and isinstance(logits, Tensor)
-            and logits.dim() == 3
-            and logits.shape[1] == 1 < ids.shape[1]
+            self.targets_keyword is not None and value.dim() == 3 and value.shape[1] == 1 < ids.shape[1]
         ):  # only the last position at inference: with targets, every position (their loss is not read)
-            logits = _logits_of(call_model(self.model, ids, **keywords, **{self.targets_keyword: ids}))
-        return logits
+            value, _ = read_output(
+                call_model(self.model, ids, **keywords, **{self.targets_keyword: ids}), self.output_name
+            )
+        return value
 
     def _keywords(self, batch: Batch) -> dict[str, Any]:
         keywords: dict[str, Any] = {}

@@ -148,6 +148,8 @@ def adapter_for(
                 mask_keyword=getattr(model, "maskcheck_mask_keyword", None),  # None: found by name
                 loss_fn=getattr(model, "maskcheck_loss", None),
                 spec=spec,
+                output_kind=getattr(model, "maskcheck_output_kind", None),  # None: measured
+                output_name=getattr(model, "maskcheck_output_name", None),  # None: read by name
             )
         except ValueError as exc:  # a declaration the module contradicts, or a polarity it does not show
             raise SpecError(f"{spec}: {exc}") from None

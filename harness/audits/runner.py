@@ -177,6 +177,7 @@ def audit(
         tolerance=tolerance,
         twin_tolerance=tolerance_for(adapter.capabilities.device, "float32", tolerance_overrides),
         dtype=adapter.capabilities.dtype,
+        units=adapter.capabilities.output_kind.units,
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
         profile=profile,

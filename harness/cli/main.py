@@ -508,7 +508,9 @@ def cmd_effective_mask(args: argparse.Namespace) -> int:
         print(f"maskcheck: error: {exc}", file=sys.stderr)
         return 2
     caps = adapter.capabilities
-    context = RunContext(tolerance=tolerance_for(caps.device, caps.dtype), dtype=caps.dtype)
+    context = RunContext(
+        tolerance=tolerance_for(caps.device, caps.dtype), dtype=caps.dtype, units=caps.output_kind.units
+    )
     influence, expected = load_suite(args.suite).effective_mask(adapter, context, length=args.length)
     leaks = int((influence.measured & ~expected).sum())
     path = draw_effective_mask(influence, expected, args.out, f"{adapter.spec}: {args.suite}")

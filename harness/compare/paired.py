@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..adapters.base import Adapter, Batch
 from ..adapters.memo import DecodesThroughOwnCalls, MemoisedCalls, forward_memo
+from ..engine.cases import log_probabilities
 from ..engine.suite import Outcome
 from ..engine.tolerance import Tolerance, compare_logits
 from .gradients import compare_reach
@@ -154,13 +155,14 @@ class PairedAdapter(DecodesThroughOwnCalls):
         the floor A's own repeat of it measures (the suites' way: every threshold grows with it)."""
         self.recorder.calls += 1
         self.recorder.check_calls += 1
-        comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where)
+        normalise = log_probabilities(self.a)
+        comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where, normalise)
         threshold = self.recorder.tolerance.shape_change(0.0, self.recorder.dtype, comparison.scale)
         floor = 0.0
         if comparison.max_diff > threshold:
             with forward_memo(False):
                 again = replay(self.a, history)
-            floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where).max_diff
+            floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where, normalise).max_diff
             threshold = self.recorder.tolerance.shape_change(floor, self.recorder.dtype, comparison.scale)
         ratio = (
             comparison.max_diff / threshold if threshold > 0 else (0.0 if comparison.max_diff == 0 else float("inf"))

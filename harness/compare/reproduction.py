@@ -29,6 +29,7 @@ from torch import Tensor
 from ..adapters.base import Adapter, Batch
 from ..adapters.memo import forward_memo
 from ..adapters.paths import CANONICAL, PATHS
+from ..engine.cases import log_probabilities
 from ..engine.tolerance import Tolerance, compare_logits
 from ..report.reproduction import (
     BundleError,
@@ -195,8 +196,9 @@ def replay_parting(
     where = tensors[data["where"]["tensor"]].bool()
     with forward_memo(False), torch.inference_mode():
         a_logits, b_logits, again = replay(first, history), replay(second, history), replay(first, history)
-    comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where)
-    floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where).max_diff
+    normalise = log_probabilities(first)
+    comparison = compare_logits(a_logits.float(), b_logits.to(a_logits.device).float(), where, normalise)
+    floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where, normalise).max_diff
     tolerance = Tolerance(**data["tolerance"])
     threshold = tolerance.shape_change(floor, data["dtype"], comparison.scale)
     said = f"max |d log p| = {comparison.max_diff:.3g}, threshold {threshold:.3g} (floor {floor:.3g})"

@@ -155,6 +155,7 @@ def compare(
     context = RunContext(
         tolerance=tolerance,
         dtype=caps.dtype,
+        units=caps.output_kind.units,
         seed=seed,
         examples=examples if examples is not None else examples_of(profile),
         profile=profile,

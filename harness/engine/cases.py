@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, Batch, Capabilities, concat, pad_token, positions_from_mask
+from ..adapters.outputs import OutputKind
 from ..adapters.paths import TRAINING_BACKWARD
 from .batching import Evaluation, Logits, one_forward
 from .suite import Check, Outcome, RunContext
-from .tolerance import Comparison, compare_logits, compare_rows
+from .tolerance import Comparison, compare_logits, compare_rows, quantity_of
 from .verdict import CheckResult
 
 
@@ -101,15 +102,15 @@ def same_shape_outcome(
     that does not pass without it: every threshold grows with the floor, so a case that
     passes at floor 0 passes at any floor. A case that does not is judged again on the
     forward the floor needs, ``[base, base, perturbed]``, as if the first had not run."""
-    size = base.size
+    size, normalise = base.size, log_probabilities(adapter)
     logits = (yield from one_forward(adapter, [base, perturbed])) if first is None else first  # [2B, T, V]
-    comparison = compare_logits(logits[:size], logits[size:], where)
+    comparison = compare_logits(logits[:size], logits[size:], where, normalise)
     outcome = verdict(comparison, 0.0, context.tolerance.same_shape(0.0, context.dtype, comparison.scale), what)
     if outcome.status == "pass":
         return outcome
     logits = yield Logits(adapter, concat([base, base, perturbed]))  # [3B, T, V]: the copy gives the floor
-    floor = repeat_floor(logits, size, where)
-    comparison = compare_logits(logits[:size], logits[2 * size :], where)
+    floor = repeat_floor(logits, size, where, normalise)
+    comparison = compare_logits(logits[:size], logits[2 * size :], where, normalise)
     threshold = context.tolerance.same_shape(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
 
@@ -134,7 +135,7 @@ def with_floor(
     if outcome.status == "pass":
         return outcome
     logits = yield Logits(adapter, concat([batch, batch]), keep)  # [2B, T or keep, V]: the copy gives the floor
-    return judge(logits[: batch.size], repeat_floor(logits, batch.size, where))
+    return judge(logits[: batch.size], repeat_floor(logits, batch.size, where, log_probabilities(adapter)))
 
 
 def shape_change_outcome(
@@ -144,12 +145,15 @@ def shape_change_outcome(
     where: Tensor,
     floor: float,
     what: str,
-    normalise: bool = True,
+    normalise: bool | None = None,
     offset: int = 0,
 ) -> Outcome:
     """``[B, T, V]`` logits computed two ways (cached vs full, saved vs loaded) compared at
-    ``where [B, T]`` under the shape-changing rule; ``normalise=False`` for saved log-probabilities;
-    ``offset``: the logits are a sequence's from that position on (:func:`compare_logits`)."""
+    ``where [B, T]`` under the shape-changing rule, in the context's units (``normalise=False``
+    for saved log-probabilities); ``offset``: the logits are a sequence's from that position on
+    (:func:`compare_logits`)."""
+    if normalise is None:
+        normalise = context.units == "log_probabilities"
     comparison = compare_logits(reference, test, where, normalise, offset=offset)
     threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
@@ -175,7 +179,7 @@ def verdict(comparison: Comparison, floor: float, threshold: float, what: str) -
     if comparison.max_diff > threshold:
         positions = comparison.positions_over(threshold)
         message = (
-            f"{what}: max |d log p| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
+            f"{what}: max |d {comparison.quantity}| = {comparison.max_diff:.3g} > threshold {threshold:.3g} "
             f"(noise floor {floor:.3g}) at [{comparison.index_name}, position] {positions[:8]}"
         )
         return Outcome(
@@ -303,8 +307,9 @@ def aligned_outcome(
     if not math.isfinite(floor):
         return nonfinite_floor(floor, float("nan"), what)
     device = pairs[0][0].device
+    normalise = context.units == "log_probabilities"
     diff, max_diff, scale = compare_rows(
-        torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs])
+        torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]), normalise
     )  # [N]
     threshold = context.tolerance.shape_change(floor, context.dtype, scale)
     if max_diff <= threshold:  # a pass: no positions to name
@@ -315,17 +320,30 @@ def aligned_outcome(
         torch.cat([torch.arange(n) for n in lengths]),
     )  # ([N], [N])
     comparison = Comparison(
-        max_diff, scale, diff.cpu(), index, (len(pairs), max(lengths)), [row for _, _, row in pairs], index_name
+        max_diff,
+        scale,
+        diff.cpu(),
+        index,
+        (len(pairs), max(lengths)),
+        [row for _, _, row in pairs],
+        index_name,
+        quantity_of(normalise),
     )
     return verdict(comparison, floor, threshold, what)
 
 
-def repeat_floor(logits: Tensor, size: int, where: Tensor) -> float:
-    """The difference between the two copies of a batch run twice in one forward (``[2B, T, V]``)."""
+def repeat_floor(logits: Tensor, size: int, where: Tensor, normalise: bool = True) -> float:
+    """The difference between the two copies of a batch run twice in one forward (``[2B, T, V]``),
+    in the units the comparison uses (``normalise``: log-probabilities)."""
     first, second = logits[:size], logits[size : 2 * size]
     if torch.equal(first, second):  # the usual answer on a CPU, in one op instead of a comparison
         return 0.0
-    return compare_logits(first, second, where, with_scale=False).max_diff
+    return compare_logits(first, second, where, normalise, with_scale=False).max_diff
+
+
+def log_probabilities(adapter: Adapter) -> bool:
+    """Whether ``adapter``'s outputs are compared as log-probabilities (else raw: outputs.py)."""
+    return adapter.capabilities.output_kind.units == "log_probabilities"
 
 
 #: Explanations a verdict's message may end with, by name. A check that later finds the
@@ -408,6 +426,14 @@ def left_padding_caveat(outcome: Outcome, capabilities, side: str) -> Outcome:  
     return outcome
 
 
+def outputs_named(kind: OutputKind) -> str:
+    """How a check's message names the outputs it compares at real positions: a language
+    model's logits, another head's outputs, or the one output of each row (outputs.py)."""
+    if kind.is_vocabulary:
+        return "real logits"
+    return "real positions' outputs" if kind.per_position else f"the pooled output ({kind.name})"
+
+
 class RowBatches:
     """Batches of padded rows for one adapter, padded on the side whose logits it predicts.
 
@@ -420,6 +446,8 @@ class RowBatches:
         self.adapter = adapter
         self.caps = adapter.capabilities
         self.pad = pad_token(adapter)
+        #: what a message calls the outputs compared at real positions (outputs.py)
+        self.outputs = outputs_named(self.caps.output_kind)
 
     def rows(self, lengths: Sequence[int], seed: int) -> list[Tensor]:
         return random_rows(self.adapter, lengths, seed)

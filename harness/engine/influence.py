@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, Batch
-from .cases import concat, pad_token, perturb
+from .cases import concat, log_probabilities, pad_token, perturb
 from .suite import RunContext
 from .tolerance import compare_logits
 
@@ -54,11 +54,12 @@ def measure_influence(
         rows.append(_with_ids(row, perturbed_ids[j : j + 1], decoder_side))
     logits = adapter.logits(concat(rows))  # [T_in + 2, T_out, V]
     where = outputs[None, :].to(logits.device)
-    floor = compare_logits(logits[:1], logits[1:2], where).max_diff
+    normalise = log_probabilities(adapter)
+    floor = compare_logits(logits[:1], logits[1:2], where, normalise).max_diff
     diff = torch.zeros(length_out, length, dtype=torch.float64)
     scale = 1.0
     for j in range(length):
-        comparison = compare_logits(logits[:1], logits[2 + j : 3 + j], where)
+        comparison = compare_logits(logits[:1], logits[2 + j : 3 + j], where, normalise)
         diff[:, j] = comparison.per_position[0].cpu()
         scale = max(scale, comparison.scale)
     threshold = context.tolerance.same_shape(floor, context.dtype, scale)

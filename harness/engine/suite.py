@@ -36,6 +36,10 @@ from .verdict import SEVERITY, CheckResult
 class RunContext:
     tolerance: Tolerance
     dtype: str = "float32"
+    # How outputs are compared: as log-probabilities (a distribution's logits) or as the raw
+    # values (rewards, embeddings, regression); the adapter's output kind says which
+    # (harness/adapters/outputs.py), and the runner copies it here.
+    units: str = "log_probabilities"
     seed: int = 0
     examples: int = 20
     report_dir: Path | None = None  # pictures of failing mask suites

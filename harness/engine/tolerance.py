@@ -95,6 +95,7 @@ class Comparison:
     shape: tuple[int, int]  # [B, T], the rows and positions the index points into
     rows: list[int] | None = None  # the label of each row, when not its index
     index_name: str = "row"  # what the row labels count (batch rows, packed sequences)
+    quantity: str = "log p"  # what was compared: log-probabilities, or the raw outputs ("output")
 
     @property
     def nonfinite(self) -> list[list[int]]:
@@ -129,6 +130,9 @@ def compare_rows(
     floor) skip the float64 pass: with a 50k vocabulary that pass is most of a check's cost.
     On a small model the small ops count too: the scale doubles as the finiteness test.
     """
+    if normalise and reference.shape[-1] == 1:
+        # log_softmax over one value is 0 whatever the value: every leak would pass unseen.
+        raise ValueError("a single value per position cannot be compared as log-probabilities; compare it raw")
     if reference.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=reference.device), 0.0, 1.0
     if torch.equal(reference, test):  # False when either holds NaN
@@ -187,7 +191,14 @@ def compare_logits(
     diff, max_diff, scale = compare_rows(reference[index], test[index], normalise, with_scale)  # [N]
     if offset:
         index = (index[0], index[1] + offset)
-    return Comparison(max_diff, scale, diff, index, (where.shape[0], offset + where.shape[1]))
+    return Comparison(
+        max_diff, scale, diff, index, (where.shape[0], offset + where.shape[1]), quantity=quantity_of(normalise)
+    )
+
+
+def quantity_of(normalise: bool) -> str:
+    """What a comparison compared, as its message names it: log-probabilities, or raw outputs."""
+    return "log p" if normalise else "output"
 
 
 def dtype_name(dtype: Any) -> str:
@@ -217,6 +228,9 @@ def measure_reference_error(adapter: Any) -> float | None:
     ids = torch.randint(1, caps.vocab_size, (4, 12), generator=generator).to(caps.device)
     batch = Batch(ids, torch.ones_like(ids), decoder_input_ids=ids if caps.family == "encoder_decoder" else None)
     comparison = compare_logits(
-        twin.logits(batch), adapter.logits(batch).float(), torch.ones(ids.shape, dtype=torch.bool)
+        twin.logits(batch),
+        adapter.logits(batch).float(),
+        torch.ones(ids.shape, dtype=torch.bool),
+        normalise=caps.output_kind.units == "log_probabilities",
     )
     return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)

@@ -507,6 +507,7 @@ def _replay_one(data: dict[str, Any], record: dict[str, Any], adapter: Adapter) 
     context = RunContext(
         tolerance=tolerance,
         dtype=adapter.capabilities.dtype,
+        units=adapter.capabilities.output_kind.units,
         seed=int(data.get("seed", 0)),
         profile=data.get("profile", "dev"),
     )
