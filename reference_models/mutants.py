@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config import ModelConfig
+from .heads import PooledHead, ValueHead
 from .hf_bugs import (
     cache_bug,
     drop_padding,
@@ -114,6 +115,18 @@ def _hf(
         description,
         lambda: tiny_hf(kind, hf_attention(f"maskcheck_{name}", transform)),
         lambda: tiny_hf(kind, "sdpa"),
+    )
+
+
+def _pooled(name: str, suite: str, check: str, clean: str, description: str) -> Mutant:
+    """A pooled head whose pooling spans the padded slots; its clean twin pools over real tokens."""
+    return Mutant(
+        name,
+        suite,
+        check,
+        description,
+        lambda: PooledHead("bert", f"{clean}_over_padding"),
+        lambda: PooledHead("bert", clean),
     )
 
 
@@ -368,6 +381,52 @@ MUTANTS: dict[str, Mutant] = {
             _doc(FaintNextToken) + " (the model in bfloat16)",
             lambda: bfloat16(FaintNextToken()),
             lambda: bfloat16(ScratchDecoder()),
+        ),
+        _pooled(
+            "heads_mean_over_padding",
+            "padding",
+            "pad_ids",
+            "mean",
+            "an encoder classifier averaging every slot, padded ones too",
+        ),
+        _pooled(
+            "heads_max_over_padding",
+            "padding",
+            "pad_ids",
+            "max",
+            "an encoder embedding taking the largest value over every slot, padded ones too",
+        ),
+        _pooled(
+            "heads_attention_over_padding",
+            "padding",
+            "pad_ids",
+            "attention",
+            "an encoder classifier whose attention pooling's softmax spans the padded slots",
+        ),
+        Mutant(
+            "heads_first_slot_left_padded",
+            "padding",
+            "pooling",
+            "an encoder classifier reading the first slot ([CLS]) whose tokenizer pads on the left, where the first slot is padding",
+            lambda: PooledHead("bert", "first", padding_side="left"),
+            lambda: PooledHead("bert", "first", padding_side="right"),
+        ),
+        Mutant(
+            "heads_reward_last_slot",
+            "padding",
+            "pooling",
+            "a decoder reward model scoring the last slot, which is padding in a right-padded row (a decoder has no padding side)",
+            lambda: PooledHead("gpt2", "last_slot", width=None),
+            lambda: PooledHead("gpt2", "last", width=None, padding_side="left"),
+        ),
+        Mutant(
+            "heads_value_reads_next",
+            "causal",
+            "future_tokens",
+            "a decoder's value head (a PPO critic) reading position t's value from position t + 1's hidden state, "
+            "which has seen the next token",
+            lambda: ValueHead(reads_next=True),
+            ValueHead,
         ),
         Mutant(
             "hf_gemma_weights_as_llama",

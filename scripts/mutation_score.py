@@ -27,6 +27,7 @@ from maskcheck.harness.adapters.specs import LoadOptions
 from maskcheck.harness.engine.profile_names import PROFILE_NAMES
 from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
+from maskcheck.reference_models.heads import CLEAN_HEADS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
 
@@ -62,6 +63,7 @@ def main() -> int:
         [(f"ref:{p}", f"ref:{p}") for p in PRESETS]
         + [(f"hf:{n}/{impl}", (n, impl)) for n in TINY_CONFIGS for impl in ("eager", "sdpa")]
         + [(spec, spec) for spec in modules]
+        + [(spec.rsplit(":", 1)[1], spec) for spec in CLEAN_HEADS]  # classifiers, rewards, embeddings, taggers
     )
     for label, target in clean:
         if isinstance(target, str):

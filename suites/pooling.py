@@ -49,6 +49,11 @@ class Pooling:
     eos_skipped: bool | None = None  # pad id == EOS id: a row ending in EOS scores as the row without it
 
     @property
+    def pooled(self) -> str:
+        """The output, as a message names it: its kind's name and what that is."""
+        return f"the pooled output ({self.kind}: {KINDS[self.kind]})"
+
+    @property
     def sides(self) -> tuple[str, ...]:
         """The padding sides on which the pooled output equals the row alone (pad ids in padded slots)."""
         return tuple(side for side in SIDES if self.by_side[side].status == "pass")
@@ -69,7 +74,7 @@ class Pooling:
         found = self._found()
         if not self.sides:
             worst = max(self.by_side.values(), key=lambda o: o.ratio)
-            return self._check("fail", f"the pooled output ({KINDS[self.kind]}) reads padded slots: {found}", worst)
+            return self._check("fail", f"{self.pooled} reads padded slots: {found}", worst)
         if len(self.sides) == 1:
             broken = next(side for side in SIDES if side not in self.sides)
             if self.model_side != self.sides[0]:
@@ -82,14 +87,12 @@ class Pooling:
                         f"{self.sides[0]})"
                     )
                 )
-                message = f"{broken} padding changes the pooled output ({KINDS[self.kind]}), {whose}: {found}"
+                message = f"{broken} padding changes {self.pooled}, {whose}: {found}"
                 return self._check("fail", message, self.by_side[broken])
         conditions = self._conditions()
         if not conditions:
             return CheckResult("pooling", "pass", convention=found)
-        message = (
-            f"the pooled output ({KINDS[self.kind]}) equals the row alone only when {' and '.join(conditions)}: {found}"
-        )
+        message = f"{self.pooled} equals the row alone only when {' and '.join(conditions)}: {found}"
         return self._check("warn", message, None)
 
     def _conditions(self) -> list[str]:

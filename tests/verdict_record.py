@@ -1,6 +1,7 @@
 """Verdicts and cases of a fixed set of audits, recorded once and compared after engine changes.
 
     python -m tests.verdict_record --write     # record tests/data/verdicts.json
+    python -m tests.verdict_record --add       # record only the audits it does not hold yet
 
 The set is the mutation score's (every seeded bug under its suite, every clean model
 under every suite), ``dev`` profile, seed 0. For every check it keeps the status, the
@@ -36,6 +37,7 @@ RECORD = Path(__file__).parent / "data" / "verdicts.json"
 def targets() -> dict[str, tuple[Any, list[str] | None]]:
     """label -> (model, suites): what the mutation score audits."""
     from maskcheck.reference_models import PRESETS
+    from maskcheck.reference_models.heads import CLEAN_HEADS
     from maskcheck.reference_models.hf_tiny import TINY_CONFIGS
     from maskcheck.reference_models.mutants import MUTANTS
 
@@ -47,6 +49,8 @@ def targets() -> dict[str, tuple[Any, list[str] | None]]:
     for name in TINY_CONFIGS:
         for implementation in ("eager", "sdpa"):
             chosen[f"hf:{name}/{implementation}"] = ((name, implementation), None)
+    for spec in CLEAN_HEADS:
+        chosen[spec] = (spec, None)
     return chosen
 
 
@@ -120,6 +124,11 @@ def main() -> int:
         "--compare", action="store_true", help=f"audit every model of {RECORD.name} again; exit 1 if any differs"
     )
     parser.add_argument(
+        "--add",
+        action="store_true",
+        help=f"record the audits {RECORD.name} does not hold yet (new seeded bugs and clean models), keeping the rest",
+    )
+    parser.add_argument(
         "--statuses",
         action="store_true",
         help="with --compare: compare only each recorded check's status (before --write for a change that moves cases)",
@@ -150,6 +159,14 @@ def main() -> int:
         what = "audits' statuses" if args.statuses else "audits"
         print(f"{len(expected) - len(differing)} of {len(expected)} {what} equal to the record")
         return 1 if differing else 0
+    if args.add:
+        kept = json.loads(RECORD.read_text())
+        for label in targets():
+            if label not in kept:
+                kept[label] = record(label)
+                print(f"added {label}", flush=True)
+        RECORD.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        return 0
     recorded = {}
     for label in targets():
         recorded[label] = record(label)

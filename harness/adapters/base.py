@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .errors import AdapterError, check_logits
+from .errors import AdapterError, ModelRaised, check_logits
 from .gradient_calls import GradientCalls
 from .memo import ForwardMemo, MemoisedCalls, forward_memo, memo_storing
 from .outputs import OutputKind, vocabulary
@@ -198,10 +198,10 @@ def call_model(function: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return function(*args, **kwargs)
     except torch.OutOfMemoryError as exc:
-        raise AdapterError(OUT_OF_MEMORY) from exc
+        raise ModelRaised(OUT_OF_MEMORY) from exc
     except Exception as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else ""
-        raise AdapterError(f"the model raised {type(exc).__name__}: {first_line}") from exc
+        raise ModelRaised(f"the model raised {type(exc).__name__}: {first_line}") from exc
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ class AdapterError(Exception):
     """The model behind an adapter misbehaved: raised, returned the wrong shape, left eval mode."""
 
 
+class ModelRaised(AdapterError):
+    """The model itself raised (or ran out of memory) when called; the message is its own, one line."""
+
+
 class LogitsShapeError(AdapterError):
     """The model returned a tensor of logits of another shape than ``[B, T, V]``. A suite may
     turn it into a verdict where the shape itself breaks its property (a cached forward

@@ -1,0 +1,237 @@
+"""Models that end in a head other than a vocabulary, and the seeded bugs of their heads.
+
+A real transformers backbone (the tiny BERT encoder or GPT-2 decoder of hf_tiny.py, random
+weights, seeded) and one head on top, written plainly. A head pools the backbone's hidden
+states into one output per row (a classifier's scores, a reward, an embedding) or reads a
+value at each position. Each seeded bug is one pooling mistake; its clean twin pools right:
+
+======================  ==============================================  ==========================
+pooling                 what it reads                                   mistake
+======================  ==============================================  ==========================
+``mean``                the mean over real tokens (the mask's weights)
+``mean_over_padding``   the mean over every slot                        padded slots enter it
+``max``                 the largest value over real tokens
+``max_over_padding``    the largest value over every slot               padded slots enter it
+``first``               the first slot (BERT's [CLS])                   the first slot is padding
+                                                                        when rows are left-padded
+``last``                the last real token (a decoder's reward)
+``last_slot``           the last slot                                   the last slot is padding
+                                                                        when rows are right-padded
+``attention``           a softmax over real tokens' scores
+``attention_over_padding``  a softmax over every slot's scores          padded slots get weight
+======================  ==============================================  ==========================
+
+Masks here are ``attention_mask [B, T]``, 1 = real token (Hugging Face's convention).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .hf_tiny import VOCAB, tiny_config
+
+POOLINGS = (
+    "mean",
+    "mean_over_padding",
+    "max",
+    "max_over_padding",
+    "first",
+    "last",
+    "last_slot",
+    "attention",
+    "attention_over_padding",
+)
+
+
+class PooledHead(nn.Module):
+    """A backbone's hidden states pooled into ``[B, width]`` (``[B]`` for ``width=None``: a reward).
+
+    ``padding_side`` is what the model declares its inputs are padded on (its tokenizer's
+    side), the condition a first-slot pooling is correct under."""
+
+    def __init__(
+        self, backbone: str = "bert", pooling: str = "mean", width: int | None = 3, padding_side: str | None = None
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; one of {', '.join(POOLINGS)}")
+        import transformers
+
+        torch.manual_seed(0)
+        self.backbone = transformers.AutoModel.from_config(tiny_config(backbone), attn_implementation="eager")
+        hidden = self.backbone.config.hidden_size
+        self.pooling = pooling
+        self.score = nn.Linear(hidden, 1, bias=False)  # attention pooling's score of each position
+        self.head = nn.Linear(hidden, width or 1)
+        self.width = width
+        self.maskcheck_capabilities = {
+            "family": "encoder" if backbone == "bert" else "decoder",
+            "vocab_size": VOCAB,
+            "pad_token_id": 0,
+            "takes_position_ids": True,
+            "max_length": 64,
+            "padding_side": padding_side,
+        }
+        self.eval()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        real = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # [B, T], 1 = real
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=real, position_ids=position_ids
+        ).last_hidden_state  # [B, T, D]
+        pooled = pool(hidden, real.bool(), self.pooling, self.score)  # [B, D]
+        out = self.head(pooled)  # [B, width]
+        return out if self.width else out.squeeze(-1)  # [B] for a reward
+
+
+def pool(hidden: Tensor, real: Tensor, pooling: str, score: nn.Linear) -> Tensor:
+    """``hidden [B, T, D]`` pooled to ``[B, D]`` over the positions ``real [B, T]`` marks
+    (True = real token), or, for the ``*_over_padding`` bugs, over every slot."""
+    keep = real[..., None]  # [B, T, 1]
+    if pooling == "mean":
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)
+    if pooling == "mean_over_padding":
+        return hidden.mean(1)
+    if pooling == "max":
+        return hidden.masked_fill(~keep, float("-inf")).amax(1)
+    if pooling == "max_over_padding":
+        return hidden.amax(1)
+    if pooling == "first":
+        return hidden[:, 0]
+    if pooling == "last_slot":
+        return hidden[:, -1]
+    if pooling == "last":  # the last real token, whichever side the row is padded on
+        positions = torch.arange(real.shape[1], device=real.device)  # [T]
+        last = (positions * real).argmax(-1)  # [B]
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    weights = score(hidden).squeeze(-1)  # [B, T]
+    if pooling == "attention":
+        weights = weights.masked_fill(~real, float("-inf"))
+    return (torch.softmax(weights, -1)[..., None] * hidden).sum(1)  # attention, or attention_over_padding
+
+
+class ValueHead(nn.Module):
+    """A decoder's value at each position ``[B, T]`` (a PPO critic, per-token rewards); with
+    ``reads_next`` the value of position t is read from position t + 1's hidden state, which
+    has seen the token after t."""
+
+    def __init__(self, reads_next: bool = False) -> None:
+        super().__init__()
+        import transformers
+
+        torch.manual_seed(0)
+        self.backbone = transformers.AutoModel.from_config(tiny_config("gpt2"), attn_implementation="eager")
+        self.value = nn.Linear(self.backbone.config.hidden_size, 1)
+        self.reads_next = reads_next
+        self.maskcheck_capabilities = {
+            "family": "decoder",
+            "vocab_size": VOCAB,
+            "pad_token_id": 0,
+            "takes_position_ids": True,
+            "max_length": 64,
+        }
+        self.eval()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # [B, T, D]
+        if self.reads_next:
+            hidden = torch.cat([hidden[:, 1:], hidden[:, -1:]], dim=1)  # [B, T, D]: position t holds t + 1's
+        return self.value(hidden).squeeze(-1)  # [B, T]
+
+
+def tiny_head(name: str, task: str, num_labels: int = 3, problem_type: str | None = None, seed: int = 0) -> Any:
+    """A transformers head over a tiny config of hf_tiny.py (``task``: sequence-classification,
+    token-classification or feature-extraction), random weights, in eval mode."""
+    import transformers
+
+    config = tiny_config(name)
+    config.num_labels = num_labels
+    if problem_type is not None:
+        config.problem_type = problem_type
+    auto = {
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "token-classification": transformers.AutoModelForTokenClassification,
+        "feature-extraction": transformers.AutoModel,
+    }[task]
+    torch.manual_seed(seed)
+    return auto.from_config(config).eval()
+
+
+# -- factories, for module: specs and the catalogue ------------------------------------------------
+
+
+def mean_pooled_encoder() -> PooledHead:
+    """An encoder classifier averaging its real tokens (a sentence-embedding recipe)."""
+    return PooledHead("bert", "mean")
+
+
+def cls_pooled_encoder() -> PooledHead:
+    """An encoder classifier reading the first slot, right-padded as BERT's tokenizers pad."""
+    return PooledHead("bert", "first", padding_side="right")
+
+
+def last_token_reward() -> PooledHead:
+    """A decoder reward model scoring each row's last real token (by the mask), left-padded."""
+    return PooledHead("gpt2", "last", width=None, padding_side="left")
+
+
+def attention_pooled_encoder() -> PooledHead:
+    return PooledHead("bert", "attention")
+
+
+def max_pooled_encoder() -> PooledHead:
+    return PooledHead("bert", "max")
+
+
+def value_head() -> ValueHead:
+    return ValueHead()
+
+
+def gpt2_reward_model() -> Any:
+    """transformers' GPT-2 sequence classifier with one label (a TRL-style reward model)."""
+    return tiny_head("gpt2", "sequence-classification", num_labels=1)
+
+
+def bert_sequence_classifier() -> Any:
+    return tiny_head("bert", "sequence-classification", num_labels=3)
+
+
+def llama_sequence_classifier() -> Any:
+    return tiny_head("llama", "sequence-classification", num_labels=3)
+
+
+def bert_token_classifier() -> Any:
+    return tiny_head("bert", "token-classification", num_labels=5)
+
+
+def bert_base_model() -> Any:
+    """BERT without a head: the hidden states that embedding and retrieval pipelines pool."""
+    return tiny_head("bert", "feature-extraction")
+
+
+#: the clean models of other output kinds the mutation score and the verdict record audit, as specs
+CLEAN_HEADS = tuple(
+    f"module:maskcheck.reference_models.heads:{name}"
+    for name in (
+        "mean_pooled_encoder",
+        "max_pooled_encoder",
+        "attention_pooled_encoder",
+        "cls_pooled_encoder",
+        "last_token_reward",
+        "value_head",
+        "gpt2_reward_model",
+        "bert_sequence_classifier",
+        "llama_sequence_classifier",
+        "bert_token_classifier",
+        "bert_base_model",
+    )
+)

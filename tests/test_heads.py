@@ -1,0 +1,186 @@
+"""Models that do not end in a vocabulary head: what they return is measured, compared in its
+own units, and audited with the verdict that matches what each really does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from maskcheck import audit
+from maskcheck.harness.adapters.base import Batch, Capabilities
+from maskcheck.harness.adapters.module import DeclarationError, ModuleAdapter
+from maskcheck.harness.adapters.outputs import PROBE_LENGTHS
+from maskcheck.harness.adapters.specs import LoadOptions, SpecError, adapter_for, load_adapter
+from maskcheck.harness.engine.tolerance import compare_rows
+from maskcheck.reference_models import heads
+from maskcheck.reference_models.hf_tiny import VOCAB, tiny_config
+
+HEADS = "module:maskcheck.reference_models.heads"
+
+
+@pytest.mark.parametrize(
+    "factory, kind, width, units",
+    [
+        (heads.gpt2_reward_model, "row_scalars", 1, "raw"),
+        (heads.bert_sequence_classifier, "row_scores", 3, "log_probabilities"),
+        (heads.llama_sequence_classifier, "row_scores", 3, "log_probabilities"),
+        (heads.bert_token_classifier, "label_scores", 5, "log_probabilities"),
+        (heads.bert_base_model, "position_values", 32, "raw"),
+        (heads.mean_pooled_encoder, "row_values", 3, "raw"),
+        (heads.value_head, "position_scalars", 1, "raw"),
+        (
+            lambda: heads.tiny_head("bert", "sequence-classification", 4, "multi_label_classification"),
+            "row_values",  # independent sigmoids, not one distribution: compared raw
+            4,
+            "raw",
+        ),
+    ],
+)
+def test_what_a_model_returns_is_measured_and_named(factory, kind: str, width: int, units: str) -> None:  # type: ignore[no-untyped-def]
+    output = adapter_for(factory()).capabilities.output_kind
+    assert (output.name, output.width, output.units) == (kind, width, units), output.describe()
+
+
+@pytest.mark.parametrize("labels", PROBE_LENGTHS)
+def test_a_label_count_equal_to_a_probe_length_is_not_taken_for_the_sequence(labels: int) -> None:
+    """Measured at two lengths: ``num_labels`` equal to one of them cannot pass for a sequence dimension."""
+    output = adapter_for(heads.tiny_head("bert", "sequence-classification", labels)).capabilities.output_kind
+    assert (output.name, output.width, output.per_position) == ("row_scores", labels, False)
+
+
+def test_a_single_value_is_never_compared_as_log_probabilities() -> None:
+    """log_softmax over one value is 0 whatever the value: it would pass every leak."""
+    with pytest.raises(ValueError, match="single value"):
+        compare_rows(torch.zeros(3, 1), torch.ones(3, 1), normalise=True)
+    diff, max_diff, _ = compare_rows(torch.zeros(3, 1), torch.ones(3, 1), normalise=False)
+    assert max_diff == 1.0
+
+
+class ShiftedByPadding(nn.Module):
+    """An embedding whose every component moves by the number of padded slots: a leak that a
+    log-softmax over the vector cannot see (it is a constant shift), and raw comparison does."""
+
+    def __init__(self, declared: str | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 4)
+        self.maskcheck_capabilities = {"family": "encoder", "vocab_size": VOCAB, "pad_token_id": 0}
+        if declared is not None:
+            self.maskcheck_output_kind = declared
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        real = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # [B, T]
+        pooled = (self.embed(input_ids) * real[..., None]).sum(1) / real.sum(1, keepdim=True)  # [B, 4]
+        return pooled + (real.shape[1] - real.sum(1, keepdim=True))  # [B, 4], + padded slots
+
+
+def test_outputs_are_compared_in_their_own_units() -> None:
+    """A vector is compared raw unless declared class scores: the same shift fails raw and,
+    declared as scores, passes as log-probabilities (so the declaration is what decides)."""
+    raw = audit(ShiftedByPadding(), ["padding"], profile="quick")
+    assert raw.suite("padding").status == "fail"
+    assert "max |d output|" in next(c.message for c in raw.suite("padding").checks if c.name == "padded_vs_unpadded")
+    as_scores = audit(ShiftedByPadding(declared="row_scores"), ["padding"], profile="quick")
+    assert as_scores.suite("padding").status in ("pass", "warn"), as_scores.suite("padding").checks
+
+
+def test_a_declaration_the_output_contradicts_is_one_line() -> None:
+    model = ShiftedByPadding(declared="position_scalars")
+    with pytest.raises(SpecError, match=r"maskcheck_output_kind='position_scalars'.*returns \[2, 4\]"):
+        adapter_for(model, "module:shifted")
+
+
+def test_a_plain_module_returning_one_score_per_row_is_audited() -> None:
+    """A ``[B]`` output was an IndexError in the mask measurement; it is a reward head."""
+    adapter = ModuleAdapter(lambda ids, attention_mask=None: ids.float().mean(1), Capabilities("encoder", VOCAB))
+    assert adapter.capabilities.output_kind.name == "row_scalars"
+    out = adapter.logits(Batch(torch.ones(2, 3, dtype=torch.long)))
+    assert out.shape == (2, 3, 1)  # the row's one value at each of its positions
+
+
+def test_an_output_without_a_readable_tensor_is_one_line() -> None:
+    with pytest.raises(DeclarationError, match=r"returned a dict \{'scores': 'str'\}"):
+        ModuleAdapter(lambda ids, attention_mask=None: {"scores": "x"}, Capabilities("encoder", VOCAB))
+
+
+def test_a_classifier_checkpoint_is_loaded_with_its_own_head(tmp_path: Path) -> None:
+    """config.json names LlamaForSequenceClassification: it is loaded as that class, so the
+    checkpoint fit judges its score head (loaded as a causal LM, score.weight was unread)."""
+    heads.llama_sequence_classifier().save_pretrained(tmp_path)
+    adapter = load_adapter(f"hf:{tmp_path}", LoadOptions())
+    assert adapter.task == "sequence-classification"
+    assert adapter.describe()["architecture"] == "LlamaForSequenceClassification"
+    assert adapter.loading_info.missing == () and adapter.loading_info.unexpected == ()
+    result = audit(adapter, ["norm_checkpoint"], profile="quick")
+    assert next(c for c in result.suite("norm_checkpoint").checks if c.name == "load").status == "pass"
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: _transformers("BertForMultipleChoice", tiny_config("bert")), "BertForMultipleChoice takes inputs"),
+        (lambda: _transformers("BartForSequenceClassification", tiny_config("bart")), "of an encoder-decoder"),
+    ],
+)
+def test_heads_maskcheck_does_not_audit_are_refused_in_one_line(build, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError, match=message):
+        adapter_for(build(), "module:x")
+
+
+def _transformers(name: str, config):  # type: ignore[no-untyped-def]
+    import transformers
+
+    return getattr(transformers, name)(config)
+
+
+# -- verdicts, each written down with its reason before it was run --------------------------------
+
+#: (spec, suite) -> (expected status, a phrase the suite's reason must hold), and why
+EXPECTED = {
+    # transformers' decoder classifiers score the last token that is not pad_token_id: right for
+    # either padding side, so long as every padded slot holds the pad id; other ids there move it.
+    ("gpt2_reward_model", "padding"): ("warn", "every padded slot holds the pad id"),
+    ("llama_sequence_classifier", "padding"): ("warn", "every padded slot holds the pad id"),
+    # BERT's classifier pools the first slot ([CLS]): right padding (an encoder's default side)
+    # keeps it there; under left padding the first slot is padding.
+    ("bert_sequence_classifier", "padding"): ("warn", "padded on the right (an encoder's default)"),
+    ("cls_pooled_encoder", "padding"): ("warn", "padded on the right (declared padding_side)"),
+    # A mean over real tokens and a decoder reward reading the last real token by the mask hold on
+    # both sides; they take position ids without deriving them from the mask, which only warns.
+    ("mean_pooled_encoder", "padding"): ("warn", "does not derive positions from attention_mask"),
+    ("last_token_reward", "padding"): ("warn", "does not derive positions from attention_mask"),
+    # Per-position outputs of an encoder read both ways, and of a decoder only the past.
+    ("bert_token_classifier", "causal"): ("pass", ""),
+    ("bert_base_model", "causal"): ("pass", ""),
+    ("value_head", "causal"): ("pass", ""),
+}
+
+
+@pytest.mark.parametrize("name, suite", sorted(EXPECTED))
+def test_clean_heads_get_the_verdict_their_behaviour_earns(name: str, suite: str) -> None:
+    status, phrase = EXPECTED[(name, suite)]
+    result = audit(f"{HEADS}:{name}", [suite])
+    found = result.suite(suite)
+    reasons = " | ".join(c.message for c in found.checks)
+    assert found.status == status, (name, [(c.name, c.status, c.message) for c in found.checks])
+    assert phrase in reasons, reasons
+
+
+def test_the_pad_id_condition_says_what_an_eos_pad_id_means() -> None:
+    """A pad id that is also the EOS id: a row ending in EOS is scored at the token before it,
+    measured (the same output as the row without its EOS), not assumed from the config."""
+    model = heads.gpt2_reward_model()
+    model.config.pad_token_id = model.config.eos_token_id
+    pooling = next(c for c in audit(model, ["padding"], profile="quick").suite("padding").checks if c.name == "pooling")
+    assert pooling.status == "warn" and "scored at the token before it (measured" in pooling.message
+
+
+def test_a_reward_models_failure_names_the_pooled_output_and_the_side() -> None:
+    result = audit("mutant:heads_reward_last_slot", ["padding"], profile="quick")
+    pooling = next(c for c in result.suite("padding").checks if c.name == "pooling")
+    assert pooling.status == "fail" and result.exit_code == 1
+    assert pooling.message.startswith("right padding changes the pooled output (row_scalars")
+    assert "a decoder has no default padding side" in pooling.message
