@@ -218,6 +218,45 @@ def bert_base_model() -> Any:
     return tiny_head("bert", "feature-extraction")
 
 
+def sentence_transformer(pooling: str = "mean", padding_side: str = "right") -> Any:
+    """A sentence-transformers model as users build and load it: a tiny BERT checkpoint and its
+    tokenizer (padding on ``padding_side``) written to a folder, a Transformer -> Pooling
+    (``pooling``: mean, cls, max ...) -> Normalize pipeline saved beside it, and that saved
+    folder loaded with the hub offline. The folders are removed when the process exits."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    from .hf_tiny import tiny_tokenizer
+
+    root = tempfile.mkdtemp(prefix="maskcheck-st-")
+    atexit.register(shutil.rmtree, root, True)
+    torch.manual_seed(0)
+    backbone = transformers.BertModel(tiny_config("bert"))
+    backbone.save_pretrained(f"{root}/bert")
+    tiny_tokenizer(padding_side=padding_side).save_pretrained(f"{root}/bert")
+    built = SentenceTransformer(
+        modules=[Transformer(f"{root}/bert"), Pooling(backbone.config.hidden_size, pooling), Normalize()]
+    )
+    built.save(f"{root}/embedder")
+    return SentenceTransformer(f"{root}/embedder", device="cpu").eval()
+
+
+def mean_sentence_transformer() -> Any:
+    return sentence_transformer("mean")
+
+
+def cls_sentence_transformer() -> Any:
+    return sentence_transformer("cls")
+
+
 #: the clean models of other output kinds the mutation score and the verdict record audit, as specs
 CLEAN_HEADS = tuple(
     f"module:maskcheck.reference_models.heads:{name}"
@@ -233,5 +272,7 @@ CLEAN_HEADS = tuple(
         "llama_sequence_classifier",
         "bert_token_classifier",
         "bert_base_model",
+        "mean_sentence_transformer",
+        "cls_sentence_transformer",
     )
 )

@@ -152,6 +152,11 @@ EXPECTED = {
     # both sides; they take position ids without deriving them from the mask, which only warns.
     ("mean_pooled_encoder", "padding"): ("warn", "does not derive positions from attention_mask"),
     ("last_token_reward", "padding"): ("warn", "does not derive positions from attention_mask"),
+    # sentence-transformers 6's Pooling finds its tokens by the mask: cls gathers the first real
+    # token (attention_mask.argmax), so it holds on either side; BERT underneath takes position
+    # ids without deriving them, which only warns.
+    ("mean_sentence_transformer", "padding"): ("warn", "does not derive positions from attention_mask"),
+    ("cls_sentence_transformer", "padding"): ("warn", "does not derive positions from attention_mask"),
     # Per-position outputs of an encoder read both ways, and of a decoder only the past.
     ("bert_token_classifier", "causal"): ("pass", ""),
     ("bert_base_model", "causal"): ("pass", ""),
@@ -178,9 +183,46 @@ def test_the_pad_id_condition_says_what_an_eos_pad_id_means() -> None:
     assert pooling.status == "warn" and "scored at the token before it (measured" in pooling.message
 
 
+def test_a_sentence_transformer_is_audited_as_users_load_it() -> None:
+    """Its forward takes a features dict; the embedding audited is the one encode() returns."""
+    model = heads.sentence_transformer("cls")
+    adapter = adapter_for(model)
+    assert adapter.capabilities.output_kind.describe().startswith("row_values")
+    assert adapter.capabilities.output_kind.source == "sentence_embedding"
+    ids = torch.tensor([[5, 6, 7]])
+    encoded = model.encode(["w5 w6 w7"], convert_to_tensor=True)  # [1, D]: the tokenizer's own ids
+    assert model.tokenizer("w5 w6 w7")["input_ids"] == ids[0].tolist()
+    torch.testing.assert_close(adapter.logits(Batch(ids))[:, -1], encoded)
+    pooling = next(c for c in audit(model, ["padding"], profile="quick").suite("padding").checks if c.name == "pooling")
+    assert pooling.status == "pass" and "decided by the attention mask" in pooling.convention
+
+
 def test_a_reward_models_failure_names_the_pooled_output_and_the_side() -> None:
     result = audit("mutant:heads_reward_last_slot", ["padding"], profile="quick")
     pooling = next(c for c in result.suite("padding").checks if c.name == "pooling")
     assert pooling.status == "fail" and result.exit_code == 1
     assert pooling.message.startswith("right padding changes the pooled output (row_scalars")
     assert "a decoder has no default padding side" in pooling.message
+
+
+def test_compare_judges_pooled_outputs_and_names_where_they_part() -> None:
+    """The same weights pooled over real tokens (A) and over every slot (B): compare parts on
+    the padding checks, in raw units, and the first module whose output differs is the head
+    (the pooling runs in the forward between the backbone and it)."""
+    from maskcheck import compare
+
+    same = compare(heads.PooledHead("bert", "mean"), heads.PooledHead("bert", "mean"), ["padding"], profile="quick")
+    assert same.status == "pass"
+    parted = compare(
+        heads.PooledHead("bert", "mean"), heads.PooledHead("bert", "mean_over_padding"), ["padding"], profile="quick"
+    )
+    pad_ids = next(c for s in parted.suites for c in s.checks if c.name == "pad_ids")
+    assert parted.status == "fail" and pad_ids.status == "fail"
+    assert "max |d output|" in pad_ids.message and "first differing module: head" in pad_ids.message
+
+
+def test_the_command_line_offers_every_task_the_loader_knows() -> None:
+    from maskcheck.harness.adapters.hf_loading import TASKS
+    from maskcheck.harness.cli.main import HF_TASKS
+
+    assert HF_TASKS == TASKS

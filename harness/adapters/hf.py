@@ -581,7 +581,9 @@ def _measured_output(model: Any, task: str, vocab_size: int) -> OutputKind:
     )
     device = str(next(model.parameters()).device)
     try:
-        return measure_output(lambda ids: call_model(model, input_ids=ids), vocab_size, device, scores=single_label)
+        return measure_output(
+            lambda ids: read_output(call_model(model, input_ids=ids)), vocab_size, device, scores=single_label
+        )
     except AdapterError as exc:
         raise HFLoadError(f"{type(model).__name__}: {exc}") from None
 

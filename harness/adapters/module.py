@@ -243,7 +243,7 @@ class ModuleAdapter(Adapter):
 
         caps = self.capabilities
         try:
-            kind = measure_output(call, caps.vocab_size, caps.device, name=self.output_name, declared=declared)
+            kind = measure_output(call, caps.vocab_size, caps.device, declared=declared)
         except ModelRaised:
             return
         except AdapterError as exc:
@@ -436,18 +436,19 @@ class ModuleAdapter(Adapter):
 
     def _call(self, ids: Tensor, keywords: dict[str, Any]) -> Tensor:
         """The model's output for ``ids [B, T]`` as ``[B, T, C]`` (outputs.py)."""
-        return self.capabilities.output_kind.in_positions(self._every_position(ids, keywords), ids.shape[1])
+        value, _ = self._every_position(ids, keywords)
+        return self.capabilities.output_kind.in_positions(value, ids.shape[1])
 
-    def _every_position(self, ids: Tensor, keywords: dict[str, Any]) -> Any:
-        """The output the forward returns, read by name (outputs.py), of every position."""
-        value, _ = read_output(call_model(self.model, ids, **keywords), self.output_name)
+    def _every_position(self, ids: Tensor, keywords: dict[str, Any]) -> tuple[Tensor, str]:
+        """The output the forward returns, read by name (outputs.py), of every position; and
+        where it was read."""
+        value, source = read_output(call_model(self.model, ids, **keywords), self.output_name)
         if (
             self.targets_keyword is not None and value.dim() == 3 and value.shape[1] == 1 < ids.shape[1]
         ):  # only the last position at inference: with targets, every position (their loss is not read)
-            value, _ = read_output(
-                call_model(self.model, ids, **keywords, **{self.targets_keyword: ids}), self.output_name
-            )
-        return value
+            with_targets = call_model(self.model, ids, **keywords, **{self.targets_keyword: ids})
+            value, source = read_output(with_targets, self.output_name)
+        return value, source
 
     def _keywords(self, batch: Batch) -> dict[str, Any]:
         keywords: dict[str, Any] = {}

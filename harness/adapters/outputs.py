@@ -150,15 +150,15 @@ def read_output(out: Any, name: str | None = None) -> tuple[Any, str]:
 
 
 def measure_output(
-    call: Callable[[Tensor], Any],
+    call: Callable[[Tensor], tuple[Tensor, str]],
     vocab_size: int,
     device: str,
     *,
-    name: str | None = None,
     scores: bool | None = None,
     declared: str | None = None,
 ) -> OutputKind:
-    """The kind of what ``call(input_ids [2, T])`` returns, measured at two lengths.
+    """The kind of what ``call(input_ids [2, T])`` returns (the tensor read from the model's
+    output, and where it was read: :func:`read_output`), measured at two lengths.
 
     ``scores``: whether a ``[.., C]`` output holds single-label class scores (True), raw
     values (False), or is unknown (None: a per-position width equal to the vocabulary is a
@@ -170,7 +170,7 @@ def measure_output(
         generator = torch.Generator().manual_seed(length)
         ids = torch.randint(1, max(2, vocab_size), (2, length), generator=generator).to(device)
         with torch.inference_mode():
-            value, source = read_output(call(ids), name)
+            value, source = call(ids)
         shapes.append(tuple(value.shape))
     kind = _kind_of(shapes, vocab_size, scores)
     if kind is None:

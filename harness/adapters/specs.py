@@ -123,6 +123,15 @@ def adapter_for(
             return HFAdapter(_place(model, device, dtype), spec, task=task)
         except HFLoadError as exc:
             raise SpecError(str(exc)) from None
+    from .sentence_transformers_models import is_sentence_transformer
+
+    if is_sentence_transformer(model):  # its forward takes a features dict: called as a plain module
+        from .sentence_transformers_models import SentenceTransformerCall
+
+        try:
+            model = SentenceTransformerCall(model)
+        except ValueError as exc:
+            raise SpecError(f"{spec}: {exc}") from None
     capabilities = getattr(model, "maskcheck_capabilities", None)
     if isinstance(capabilities, dict):
         from .base import Capabilities
@@ -154,8 +163,8 @@ def adapter_for(
         except ValueError as exc:  # a declaration the module contradicts, or a polarity it does not show
             raise SpecError(f"{spec}: {exc}") from None
     raise SpecError(
-        f"{spec}: got a {type(model).__name__}; expected a transformers PreTrainedModel, a reference Transformer, "
-        "an Adapter, or an nn.Module with a maskcheck_capabilities attribute"
+        f"{spec}: got a {type(model).__name__}; expected a transformers PreTrainedModel, a sentence-transformers "
+        "SentenceTransformer, a reference Transformer, an Adapter, or an nn.Module with a maskcheck_capabilities attribute"
     )
 
 

@@ -20,6 +20,17 @@ from .quiet import quiet_transformers
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
 
 
+#: the tasks an hf: spec loads (harness/adapters/hf_loading.py's TASKS, named here so --help imports no torch)
+HF_TASKS = (
+    "causal-lm",
+    "masked-lm",
+    "seq2seq",
+    "sequence-classification",
+    "token-classification",
+    "feature-extraction",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maskcheck",
@@ -54,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--task",
-        choices=["causal-lm", "masked-lm", "seq2seq", "packed"],
-        help="hf: override the task read from config.json; collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)",
+        choices=[*HF_TASKS, "packed"],
+        help="hf: the head to load, where config.json's architectures cannot say (sequence-classification and token-classification heads, reward models with one label, feature-extraction for a base model); collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)",
     )
     audit.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
     audit.add_argument(

@@ -57,6 +57,7 @@ class Parting:
     # positions (gradients.py), ``how`` says which side reaches them
     kind: str = "logits"
     how: str = ""
+    quantity: str = "log p"  # what was compared: log-probabilities, or raw outputs (tolerance.quantity_of)
 
     def measurement(self) -> str:
         """What was measured, in words (after "B parts from A in <what>: ")."""
@@ -65,7 +66,9 @@ class Parting:
                 f"{self.how}: gradient norm {self.max_diff:.3g} > threshold {self.threshold:.3g} "
                 f"(noise floor 0) at [row, position] {self.positions[:8]}"
             )
-        return f"max |d log p| = {self.max_diff:.3g} > threshold {self.threshold:.3g} (floor {self.floor:.3g})"
+        return (
+            f"max |d {self.quantity}| = {self.max_diff:.3g} > threshold {self.threshold:.3g} (floor {self.floor:.3g})"
+        )
 
     @property
     def ratio(self) -> float:
@@ -172,7 +175,16 @@ class PairedAdapter(DecodesThroughOwnCalls):
             positions = [[b, t + offset] for b, t in comparison.positions_over(threshold)]
             self.recorder.partings.append(
                 Parting(
-                    what, comparison.max_diff, floor, threshold, positions, history, where, offset, self.a.path.name
+                    what,
+                    comparison.max_diff,
+                    floor,
+                    threshold,
+                    positions,
+                    history,
+                    where,
+                    offset,
+                    self.a.path.name,
+                    quantity=comparison.quantity,
                 )
             )
 

@@ -201,7 +201,7 @@ def replay_parting(
     floor = compare_logits(a_logits.float(), again.to(a_logits.device).float(), where, normalise).max_diff
     tolerance = Tolerance(**data["tolerance"])
     threshold = tolerance.shape_change(floor, data["dtype"], comparison.scale)
-    said = f"max |d log p| = {comparison.max_diff:.3g}, threshold {threshold:.3g} (floor {floor:.3g})"
+    said = f"max |d {comparison.quantity}| = {comparison.max_diff:.3g}, threshold {threshold:.3g} (floor {floor:.3g})"
     parts = comparison.max_diff > threshold
     positions = [[r, t + data["offset"]] for r, t in comparison.positions_over(threshold)] if parts else []
     return _judged(data, parts, said, positions, comparison.max_diff, threshold, notes, "B agrees with A")
