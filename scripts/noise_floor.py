@@ -12,7 +12,11 @@ low-precision computations side by side, each within that error of the float32 r
 so the shape-changing threshold must stay above twice it. Clean models only: any
 difference measured here is floating-point noise, not a leak.
 
-    python scripts/noise_floor.py [--examples 10] [--device cpu|cuda]
+    python scripts/noise_floor.py [--examples 10] [--device cpu|cuda] [--heads]
+
+``--heads`` measures the clean models of other output kinds instead (classifiers, reward
+models, taggers, embeddings: reference_models/heads.py), whose outputs are compared in
+their own units (raw values, or log-probabilities of class scores).
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ warnings.filterwarnings("ignore")
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from maskcheck.harness.adapters.specs import adapter_for
+from maskcheck.harness.adapters.specs import adapter_for, call_factory
 from maskcheck.harness.engine.registry import load_suite, suite_names
 from maskcheck.harness.engine.suite import Check, RunContext
 from maskcheck.harness.engine.tolerance import Tolerance, measure_reference_error
 from maskcheck.reference_models import PRESETS, Transformer
+from maskcheck.reference_models.heads import CLEAN_HEADS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 
 # threshold = eps * scale exactly, so outcome.ratio is the difference in units of eps * scale.
@@ -48,6 +53,11 @@ SHAPE_CHANGING = {
 }
 #: checks that measure no floating-point difference (influence patterns, settings reports, layout evidence)
 NOT_NOISE = {"declared_pattern", "positions_from_mask", "settings", "metadata", "fingerprint", "behaviour"}
+
+
+def head_models(dtype: torch.dtype, device: str):  # type: ignore[no-untyped-def]
+    for spec in CLEAN_HEADS:
+        yield spec.rsplit(":", 1)[1], call_factory(spec.removeprefix("module:")).to(device=device, dtype=dtype)
 
 
 def models(dtype: torch.dtype, device: str):  # type: ignore[no-untyped-def]
@@ -87,12 +97,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--heads", action="store_true", help="the clean models of other output kinds instead")
     args = parser.parse_args()
     suites = [load_suite(n) for n in suite_names(lambda suite: suite.in_sweep)]
     print(f"{'dtype':<10} {'kind':<14} {'worst (eps*scale)':>18}  where")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
-        for spec, model in models(dtype, args.device):
+        for spec, model in (head_models if args.heads else models)(dtype, args.device):
             adapter = adapter_for(model, spec)
             value = measure_reference_error(adapter)  # None in float32
             if value is not None:

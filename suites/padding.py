@@ -141,6 +141,8 @@ class PaddingSuite(Suite):
         for result in results:
             if condition and result.name == "pad_ids" and result.status == "fail":
                 result.status, result.message = "warn", result.message + condition
+                for path in result.paths:
+                    path["status"] = "warn" if path["status"] == "fail" else path["status"]
         without_positional_caveats_if(results, "pad_ids")
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:

@@ -101,6 +101,19 @@ def test_a_plain_module_returning_one_score_per_row_is_audited() -> None:
     assert out.shape == (2, 3, 1)  # the row's one value at each of its positions
 
 
+def test_one_row_as_wide_as_the_vocabulary_asks_for_a_declaration() -> None:
+    """[B, V]: most likely a language model's last position, which a per-row audit would judge
+    without its causal pattern; one line asks which it is."""
+    with pytest.raises(DeclarationError, match="one position's logits of a language model"):
+        ModuleAdapter(lambda ids, attention_mask=None: torch.zeros(ids.shape[0], VOCAB), Capabilities("decoder", VOCAB))
+    declared = ModuleAdapter(
+        lambda ids, attention_mask=None: torch.zeros(ids.shape[0], VOCAB),
+        Capabilities("decoder", VOCAB),
+        output_kind="row_values",
+    )
+    assert declared.capabilities.output_kind.name == "row_values" and declared.capabilities.output_kind.declared
+
+
 def test_an_output_without_a_readable_tensor_is_one_line() -> None:
     with pytest.raises(DeclarationError, match=r"returned a dict \{'scores': 'str'\}"):
         ModuleAdapter(lambda ids, attention_mask=None: {"scores": "x"}, Capabilities("encoder", VOCAB))

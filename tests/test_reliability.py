@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from maskcheck import audit
 from maskcheck.harness.adapters.base import Capabilities
 from maskcheck.harness.adapters.module import ModuleAdapter
+from maskcheck.harness.adapters.outputs import PROBE_LENGTHS
 from maskcheck.harness.adapters.specs import LoadOptions, SpecError, load_adapter, parse_spec
 from maskcheck.harness.cli import main
 from maskcheck.reference_models import PRESETS, Transformer
@@ -87,8 +88,12 @@ def test_corrupt_and_unsupported_checkpoints_are_one_line_errors(tmp_path: Path,
 @pytest.mark.parametrize(
     "forward, status, words",
     [
-        (lambda ids, mask: torch.zeros(*ids.shape, 5), "error", "expected [B, T, V]"),  # wrong vocabulary size
-        (lambda ids, mask: torch.zeros(ids.shape[0], 8), "error", "expected [B, T, V]"),  # wrong shape
+        # measured [B, T, 8] at the probe's lengths, another width at the audit's
+        (
+            lambda ids, mask: torch.zeros(*ids.shape, 8 if ids.shape[1] in PROBE_LENGTHS else 5),
+            "error",
+            "expected [B, T, V]",
+        ),
         (lambda ids, mask: torch.full((*ids.shape, 8), float("inf")), "fail", "NaN/inf"),
         (lambda ids, mask: (_ for _ in ()).throw(ValueError("bad input")), "error", "bad input"),
         (

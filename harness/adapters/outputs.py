@@ -182,6 +182,13 @@ def measure_output(
     name_found, width = kind
     if declared is not None:
         return _declared(declared, name_found, width, source, shapes)
+    if name_found.startswith("row_") and width == vocab_size and scores is None:
+        raise AdapterError(
+            f"the model's output ({source}) is {list(shapes[0])} for ids [2, {PROBE_LENGTHS[0]}]: one row of "
+            f"{vocab_size} values, as wide as the vocabulary, is one position's logits of a language model, which "
+            "maskcheck audits at every position (return [B, T, V]; a forward taking targets= is given them), or a "
+            "head of as many outputs: declare maskcheck_output_kind"
+        )
     return OutputKind(name_found, width, source)  # type: ignore[arg-type]
 
 
