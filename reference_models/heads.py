@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .hf_tiny import VOCAB, tiny_config
@@ -148,6 +149,44 @@ class ValueHead(nn.Module):
         return self.value(hidden).squeeze(-1)  # [B, T]
 
 
+class TokenTagger(nn.Module):
+    """An encoder labelling each token with one of ``labels`` classes and its own loss; with
+    ``counts_padding`` the loss counts the -100 targets (padding, sub-word continuations) as
+    label 0, as a loss that forgets ``ignore_index`` after a ``clamp`` does."""
+
+    def __init__(self, labels: int = 5, counts_padding: bool = False) -> None:
+        super().__init__()
+        import transformers
+
+        torch.manual_seed(0)
+        self.backbone = transformers.AutoModel.from_config(tiny_config("bert"), attn_implementation="eager")
+        self.classifier = nn.Linear(self.backbone.config.hidden_size, labels)
+        self.counts_padding = counts_padding
+        self.maskcheck_output_kind = "label_scores"
+        self.maskcheck_capabilities = {
+            "family": "encoder",
+            "vocab_size": VOCAB,
+            "pad_token_id": 0,
+            "takes_position_ids": True,
+            "max_length": 64,
+            "has_loss": True,
+        }
+        self.eval()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # [B, T, D]
+        return self.classifier(hidden)  # [B, T, labels]
+
+    def maskcheck_loss(self, scores: Tensor, labels: Tensor) -> Tensor:
+        if self.counts_padding:
+            labels = labels.clamp(min=0)
+        return F.cross_entropy(scores.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
 def tiny_head(name: str, task: str, num_labels: int = 3, problem_type: str | None = None, seed: int = 0) -> Any:
     """A transformers head over a tiny config of hf_tiny.py (``task``: sequence-classification,
     token-classification or feature-extraction), random weights, in eval mode."""
@@ -213,6 +252,15 @@ def bert_token_classifier() -> Any:
     return tiny_head("bert", "token-classification", num_labels=5)
 
 
+def gpt2_token_classifier() -> Any:
+    """transformers' GPT-2 token classifier: a decoder labelling each token (labels not shifted)."""
+    return tiny_head("gpt2", "token-classification", num_labels=5)
+
+
+def token_tagger() -> TokenTagger:
+    return TokenTagger()
+
+
 def bert_base_model() -> Any:
     """BERT without a head: the hidden states that embedding and retrieval pipelines pool."""
     return tiny_head("bert", "feature-extraction")
@@ -271,6 +319,8 @@ CLEAN_HEADS = tuple(
         "bert_sequence_classifier",
         "llama_sequence_classifier",
         "bert_token_classifier",
+        "gpt2_token_classifier",
+        "token_tagger",
         "bert_base_model",
         "mean_sentence_transformer",
         "cls_sentence_transformer",

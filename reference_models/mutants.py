@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config import ModelConfig
-from .heads import PooledHead, ValueHead
+from .heads import PooledHead, TokenTagger, ValueHead
 from .hf_bugs import (
     cache_bug,
     drop_padding,
@@ -418,6 +418,14 @@ MUTANTS: dict[str, Mutant] = {
             "a decoder reward model scoring the last slot, which is padding in a right-padded row (a decoder has no padding side)",
             lambda: PooledHead("gpt2", "last_slot", width=None),
             lambda: PooledHead("gpt2", "last", width=None, padding_side="left"),
+        ),
+        Mutant(
+            "heads_tagger_loss_counts_padding",
+            "loss_masking",
+            "reference_loss",
+            "an encoder token tagger whose loss counts the -100 targets (padding, sub-word continuations) as label 0",
+            lambda: TokenTagger(counts_padding=True),
+            TokenTagger,
         ),
         Mutant(
             "heads_value_reads_next",

@@ -21,7 +21,11 @@ Checks (models that compute their own loss)
 - ``extra_padding``: adding padding columns (labelled -100) leaves the loss unchanged.
 
 Labels are built as collators build them: ``labels = input_ids`` with -100 at padding
-(transformers' ``DataCollatorForLanguageModeling``), plus the case's own ignored targets.
+(transformers' ``DataCollatorForLanguageModeling``), plus the case's own ignored targets. A
+token classifier (``label_scores``, harness/adapters/outputs.py) gets label indices instead,
+-100 at padding as ``DataCollatorForTokenClassification`` pads them and at the case's ignored
+targets as the tokenizer's ``word_ids`` alignment leaves sub-word continuations; its targets
+are never shifted.
 Under left padding such labels make the last padded slot of each row predict the row's
 first real token: that target's logits are computed at a padded position, so the loss of
 every correct model moves with the padded ids and the padding amount (and with what a
@@ -88,6 +92,21 @@ def loss_cases(max_length: int) -> st.SearchStrategy[LossCase]:
         ignored=st.integers(0, 2),
         seed=st.integers(0, 2**16),
     )
+
+
+def shifts_targets(capabilities: Capabilities) -> bool:
+    """Whether the loss scores position t against ``labels[t + 1]``: a language model's decoder
+    does; a token classifier labels each token itself, whatever its family."""
+    return capabilities.family == "decoder" and capabilities.output_kind.is_vocabulary
+
+
+def tagger_labels(labels: int, lengths: list[int], seed: int) -> list[Tensor]:
+    """A label index in ``[0, labels)`` for each real token of each row, drawn per row, so a row's
+    labels are the same however it is padded."""
+    return [
+        torch.randint(0, labels, (length,), generator=torch.Generator().manual_seed(seed + 17 * (i + 1)))
+        for i, length in enumerate(lengths)
+    ]
 
 
 def scored(logits: Tensor, labels: Tensor, shift: bool) -> tuple[Tensor, Tensor]:
@@ -176,17 +195,18 @@ class LossMaskingSuite(Suite):
 
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         output = capabilities.output_kind
-        if not output.is_vocabulary:
+        if output.name not in ("vocabulary", "label_scores"):
             return (
-                f"the model returns {KINDS[output.name]}: these checks judge a language model's loss over "
-                "vocabulary logits, and a head's own loss is not checked yet"
+                f"the model returns {KINDS[output.name]}: these checks judge a loss over scores at each position "
+                "(a language model's, a token classifier's); a pooled output's loss reads only that output, which "
+                "the padding suite judges"
             )
         if not capabilities.has_loss:
             return "the model computes no loss of its own"
         return None  # without a mask, reference_loss runs on unpadded rows
 
     def checks(self, adapter: Adapter, context: RunContext) -> list:
-        self._shifted = adapter.capabilities.family == "decoder"
+        self._shifted = shifts_targets(adapter.capabilities)
         self._fits = []
         longest = max(3, min(MAX_LENGTH, (adapter.capabilities.max_length or MAX_LENGTH) - 4))
         cases = loss_cases(longest)  # one strategy object: the three checks share its draws
@@ -250,8 +270,11 @@ class LossMaskingSuite(Suite):
             length = max(lengths)
         rows = random_rows(adapter, lengths, case.seed)
         ids, mask = pad_rows(rows, length, case.side, pad)
-        labels = ids.masked_fill(mask == 0, IGNORE)  # [B, T]: DataCollatorForLanguageModeling's labels
-        if adapter.capabilities.family == "decoder" and case.side == "left" and caps.takes_attention_mask:
+        if caps.output_kind.is_vocabulary:
+            labels = ids.masked_fill(mask == 0, IGNORE)  # [B, T]: DataCollatorForLanguageModeling's labels
+        else:  # a tagger's: one label per real token, -100 at padding (DataCollatorForTokenClassification)
+            labels, _ = pad_rows(tagger_labels(caps.output_width, lengths, case.seed), length, case.side, IGNORE)
+        if shifts_targets(caps) and case.side == "left" and caps.takes_attention_mask:
             labels[torch.arange(len(rows)), mask.argmax(-1)] = IGNORE
         if case.ignored:  # up to that many valid targets a row become -100, never all of them
             generator = torch.Generator().manual_seed(case.seed)
@@ -285,7 +308,7 @@ class LossMaskingSuite(Suite):
         self, adapter: Adapter, context: RunContext, case: LossCase, loss_of: Callable[[LossCase], float]
     ) -> Evaluation:
         batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
-        shift = adapter.capabilities.family == "decoder"
+        shift = shifts_targets(adapter.capabilities)
         logits = yield Logits(adapter, batch)
         measured = loss_of(case)
         expected = reference_cross_entropy(logits, labels, shift)
@@ -320,7 +343,7 @@ class LossMaskingSuite(Suite):
         """The gradient of the model's loss with respect to the logits that predict no valid
         target must be zero (``zero_gradient_outcome``): the loss does not read them."""
         batch, labels = self._batch(adapter, case, max(case.lengths) + case.extra)
-        shift = adapter.capabilities.family == "decoder"
+        shift = shifts_targets(adapter.capabilities)
         gradients = adapter.loss_logit_gradients(batch, labels)  # [B, T]
         predicts = "its next token's label" if shift else "its label"
         what = f"the loss reads the logits of positions whose target ({predicts}) is ignored (-100) or absent"

@@ -174,6 +174,13 @@ EXPECTED = {
     ("bert_token_classifier", "causal"): ("pass", ""),
     ("bert_base_model", "causal"): ("pass", ""),
     ("value_head", "causal"): ("pass", ""),
+    ("gpt2_token_classifier", "causal"): ("pass", ""),
+    # A tagger's loss scores each token against its own label (never shifted, whatever the
+    # family), -100 at padding as DataCollatorForTokenClassification pads and at sub-word
+    # continuations as word_ids alignment leaves them.
+    ("bert_token_classifier", "loss_masking"): ("pass", ""),
+    ("gpt2_token_classifier", "loss_masking"): ("pass", ""),
+    ("token_tagger", "loss_masking"): ("pass", ""),
 }
 
 

@@ -116,8 +116,8 @@ class GradientCalls:
     def logits_module(self) -> Any:
         """The module whose output is the logits, for :meth:`loss_logit_gradients`: the one a
         model names in ``maskcheck_logits``, else its output embeddings
-        (``get_output_embeddings()``), else its last ``nn.Linear`` onto the vocabulary; None
-        when there is none."""
+        (``get_output_embeddings()``), else its last ``nn.Linear`` onto the vocabulary (onto a
+        tagger's labels: the output's width); None when there is none."""
         if not isinstance(self.model, torch.nn.Module):
             return None
         declared = self._declared_module("maskcheck_logits")
@@ -127,8 +127,8 @@ class GradientCalls:
         head = output() if callable(output) else None
         if isinstance(head, torch.nn.Module):
             return head
-        vocab = self.capabilities.vocab_size
-        heads = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == vocab]
+        width = self.capabilities.output_width  # the vocabulary, or a tagger's labels
+        heads = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == width]
         return heads[-1] if heads else None
 
     def loss_logit_gradients(self, batch: Any, labels: Tensor) -> Tensor:

@@ -178,7 +178,7 @@ class HFAdapter(Adapter):
             and self.task in LM_TASKS
             and callable(getattr(model, "generate", None))
             and bool(getattr(model, "can_generate", lambda: False)()),
-            has_loss=self.task in LM_TASKS
+            has_loss=(self.task in LM_TASKS or self.task == "token-classification")  # a loss at each position
             and keywords.accepts("labels")
             and returns_loss(model, self.task, vocab_size),
             pad_token_id=getattr(text_config, "pad_token_id", None),

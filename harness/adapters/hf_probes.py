@@ -101,7 +101,8 @@ def check_logit_rows(model: Any, task: str, vocab_size: int) -> None:
 def returns_loss(model: Any, task: str, vocab_size: int) -> bool:
     """Whether a forward given ``labels`` returns a loss, found by calling it once on two tokens."""
     ids = torch.tensor([[1 % vocab_size, 2 % vocab_size]], device=next(model.parameters()).device)
-    inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
+    labels = torch.zeros_like(ids) if task == "token-classification" else ids  # a tagger's labels are label indices
+    inputs: dict[str, Any] = {"input_ids": ids, "labels": labels}
     if task == "seq2seq":
         inputs["decoder_input_ids"] = ids
     try:
