@@ -353,8 +353,29 @@ def model_types(task: str) -> list[str]:
         "causal-lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         "masked-lm": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
         "seq2seq": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        "sequence-classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        "token-classification": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
     }[task]
     return sorted(mapping)
+
+
+def auto_class(task: str) -> Any:
+    """transformers' auto class of the models of ``task``."""
+    import transformers
+
+    return {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "token-classification": transformers.AutoModelForTokenClassification,
+    }[task]
+
+
+#: the tasks whose heads are classifiers: their configs get a pad id where they have none, as a
+#: fine-tuning script must give them (transformers' decoder classifiers refuse a batch of two
+#: rows without one, since they find each row's last token by it)
+CLASSIFIER_TASKS = ("sequence-classification", "token-classification")
 
 
 def _mixed(layer_types: list[str]) -> list[str]:
@@ -380,6 +401,8 @@ def shrunk_config(model_type: str, level: str = "full", task: str = "causal-lm")
             _shrink(nested, keys)
     for key, value in {**_sweep_overrides(model_type, config), **TASK_OVERRIDES.get((model_type, task), {})}.items():
         setattr(config, key, value)
+    if task in CLASSIFIER_TASKS and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0
     return config
 
 
@@ -410,16 +433,9 @@ def shrunk_model(
     model_type: str, task: str, attn_implementation: str | None = None, seed: int = 0, level: str = "full"
 ) -> Any:
     """A random-init model of ``model_type`` for ``task``, from :func:`shrunk_config`, in eval mode."""
-    import transformers
-
-    auto = {
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }[task]
     torch.manual_seed(seed)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return auto.from_config(shrunk_config(model_type, level, task), **kwargs).eval()
+    return auto_class(task).from_config(shrunk_config(model_type, level, task), **kwargs).eval()
 
 
 def tiny_tokenizer(pad_is_eos: bool = False, padding_side: str = "right") -> Any:

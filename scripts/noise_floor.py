@@ -37,6 +37,7 @@ from maskcheck.harness.engine.tolerance import Tolerance, measure_reference_erro
 from maskcheck.reference_models import PRESETS, Transformer
 from maskcheck.reference_models.heads import CLEAN_HEADS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
+from maskcheck.suites.pooling import measure_pooling
 
 # threshold = eps * scale exactly, so outcome.ratio is the difference in units of eps * scale.
 UNIT = Tolerance(same_shape_ulps=1, shape_change_k=0, shape_change_ulps=1)
@@ -115,11 +116,14 @@ def main() -> None:
                 units=adapter.capabilities.output_kind.units,
                 examples=args.examples,
             )
+            behaviours = set(NOT_NOISE)
+            if not adapter.capabilities.output_kind.per_position and measure_pooling(adapter, context).ids_decide:
+                behaviours.add("pad_ids")  # other ids in padded slots move its pooled position: measured, not noise
             for suite in suites:
                 if suite.not_applicable(adapter.capabilities):
                     continue
                 for check in suite.checks(adapter, context):
-                    if not isinstance(check, Check) or check.name in NOT_NOISE:
+                    if not isinstance(check, Check) or check.name in behaviours:
                         continue
                     kind = "shape_change" if check.name in SHAPE_CHANGING else "same_shape"
                     value = measure(check, args.examples)

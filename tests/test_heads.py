@@ -246,3 +246,14 @@ def test_the_command_line_offers_every_task_the_loader_knows() -> None:
     from maskcheck.harness.cli.main import HF_TASKS
 
     assert HF_TASKS == TASKS
+
+
+def test_a_model_that_reads_no_token_ids_is_refused_in_one_line() -> None:
+    """CANINE reads characters: its config has no vocab_size to draw token ids from."""
+    import transformers
+
+    config = transformers.CanineConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, downsampling_rate=2
+    )
+    with pytest.raises(SpecError, match="config has no vocab_size"):
+        adapter_for(transformers.CanineForSequenceClassification(config), "module:canine")

@@ -599,4 +599,10 @@ def _output_vocab(model: Any) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and hasattr(head, "weight"):
         return int(head.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None)
+    if not isinstance(vocab, int):
+        raise HFLoadError(
+            f"{type(model).__name__}'s config has no vocab_size: the model reads no token ids from a vocabulary "
+            "(characters, bytes or features), and maskcheck draws its cases as token ids"
+        )
+    return vocab

@@ -1,7 +1,7 @@
 """Audit every architecture of the installed transformers, shrunk and random-init.
 
     python scripts/sweep/architecture_sweep.py                       # causal-LM types, default + eager attention
-    python scripts/sweep/architecture_sweep.py --task all            # then masked-LM and seq2seq types
+    python scripts/sweep/architecture_sweep.py --task all            # then masked-LM, seq2seq and classifier types
     python scripts/sweep/architecture_sweep.py --types gpt2,llama    # a few types
     python scripts/sweep/architecture_sweep.py --render              # docs/architectures.md from the results
     python scripts/sweep/architecture_sweep.py --task all --suites serving   # add a suite to every record
@@ -30,7 +30,7 @@ from maskcheck.harness.engine.profile_names import PROFILE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "architectures.jsonl"
-TASKS = ("causal-lm", "masked-lm", "seq2seq")
+TASKS = ("causal-lm", "masked-lm", "seq2seq", "sequence-classification", "token-classification")
 MEMORY_LIMIT = 8 * 2**30  # bytes of address space for one audit's process
 
 

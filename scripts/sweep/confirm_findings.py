@@ -61,11 +61,13 @@ CACHE_BEFORE_OPERATION = "the cache is wrong before any"
 READS_LENGTH = "a position reads how many tokens follow it"
 
 
-def direct_check(suite: str, verdict: dict) -> str | None:
+def direct_check(suite: str, verdict: dict, task: str = "causal-lm") -> str | None:
     """The reproduce_finding.py check for a verdict: the suite's own for a FAIL (a serving
     FAIL the same decode without the operation shows too: kv_cache's, which it is; a causal
     FAIL of the cut rows: truncation); for a
     WARN, the one that measures its behaviour (None: no direct check measures it)."""
+    if task == "sequence-classification":  # one output per row: its padding is its pooled position's
+        return "pooling" if suite == "padding" and verdict["status"] == "fail" else None
     if verdict["status"] == "fail":
         if suite == "serving" and CACHE_BEFORE_OPERATION in verdict.get("message", ""):
             return "kv_cache"
@@ -98,7 +100,9 @@ def failures(results: Path, statuses: tuple[str, ...] = ("fail",)) -> list[tuple
         (model_type, task, suite, implementation, check, verdict_label(record, suite))
         for (model_type, task, implementation), record in latest.items()
         for suite, data in record.get("suites", {}).items()
-        if suite in REPRODUCIBLE and data["status"] in statuses and (check := direct_check(suite, data)) is not None
+        if suite in REPRODUCIBLE
+        and data["status"] in statuses
+        and (check := direct_check(suite, data, task)) is not None
     )
 
 

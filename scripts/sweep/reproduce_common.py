@@ -21,6 +21,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "architectures.jsonl"
 def build(model_type: str, task: str, implementation: str, results: Path) -> torch.nn.Module:
     import transformers
 
+    from maskcheck.reference_models.hf_tiny import auto_class
+
     record = next(
         (
             r
@@ -47,14 +49,9 @@ def build(model_type: str, task: str, implementation: str, results: Path) -> tor
         ):
             if getattr(config, key, None) is None:
                 setattr(config, key, fallback)
-    auto = {
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }[task]
     torch.manual_seed(0)
     kwargs = {} if implementation == "default" else {"attn_implementation": implementation}
-    return auto.from_config(config, **kwargs).eval()
+    return auto_class(task).from_config(config, **kwargs).eval()
 
 
 def set_fields(config: object, recorded: dict) -> None:

@@ -21,6 +21,7 @@ keeps its float32 result, and the script says so.
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
 | truncation | (causal's cut) a row's first 15 logits when the row is cut after them, from 16 and from 129 tokens |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
+| pooling | (a sequence classifier's padding) its scores for a row padded on the right and on the left, the pad id in the padded slots, against the row alone |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | serving | after a rollback (crop), row reorders (reorder_cache, batch_select_indices, batch_repeat_interleave), with the static cache and past a sliding window: the cached logits vs the full forward; a cache reset and reused by another request, and a prompt cache copied and continued: vs a fresh decode (same shapes) |
@@ -127,6 +128,33 @@ def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     by_padding = float((padded - predicted(model, real)).abs().max())
     print(f"changing padded ids: max |d log p| = {by_ids:.3g}; left-padded against alone: {by_padding:.3g}")
     return max(by_ids, by_padding), by_ids > 0.0 or beyond_rounding(by_padding, model)
+
+
+def pooling(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """A sequence classifier's scores (raw, [1, C]) for a row of 6 tokens padded by 2 on the
+    right and on the left (the pad id in the padded slots, the mask given, position ids from
+    the mask where the model takes them) against the row alone. Prints both sides; returns
+    the larger, a finding beyond rounding on either."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    real = ids(model, 6)
+    padding = torch.full((1, 2), pad)
+    rows = {
+        "right": (torch.cat([real, padding], 1), [1] * 6 + [0, 0], [0, 1, 2, 3, 4, 5, 5, 5]),
+        "left": (torch.cat([padding, real], 1), [0, 0] + [1] * 6, [0, 0, 0, 1, 2, 3, 4, 5]),
+    }
+    with torch.no_grad():
+        alone = model(input_ids=real).logits.double()
+        differences = {}
+        for side, (row, mask, positions) in rows.items():
+            inputs = {"input_ids": row, "attention_mask": torch.tensor([mask])}
+            if takes(model, "position_ids"):
+                inputs["position_ids"] = position_ids(model, positions)
+            differences[side] = float((model(**inputs).logits.double() - alone).abs().max())
+    print(
+        f"pooled scores, right-padded against alone: {differences['right']:.3g}; left-padded: {differences['left']:.3g}"
+    )
+    difference = max(differences.values())
+    return difference, beyond_rounding(difference, model)
 
 
 def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
@@ -302,6 +330,7 @@ CHECKS = {
     "causal": causal,
     "truncation": truncation,
     "padding": padding,
+    "pooling": pooling,
     "packing": packing,
     "kv_cache": kv_cache,
     "serving": serving,
@@ -319,7 +348,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("type")
     parser.add_argument("suite", choices=sorted(CHECKS))
-    parser.add_argument("--task", default="causal-lm", choices=["causal-lm", "masked-lm", "seq2seq"])
+    parser.add_argument(
+        "--task",
+        default="causal-lm",
+        choices=["causal-lm", "masked-lm", "seq2seq", "sequence-classification", "token-classification"],
+    )
     parser.add_argument("--implementation", default="default")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
