@@ -257,3 +257,57 @@ def test_a_model_that_reads_no_token_ids_is_refused_in_one_line() -> None:
     )
     with pytest.raises(SpecError, match="config has no vocab_size"):
         adapter_for(transformers.CanineForSequenceClassification(config), "module:canine")
+
+
+def test_task_names_the_head_a_checkpoint_cannot(tmp_path: Path) -> None:
+    """A config.json without architectures: --task loads the classifier with its own score head."""
+    import json
+
+    heads.bert_sequence_classifier().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("architectures")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    adapter = load_adapter(f"hf:{tmp_path}", LoadOptions(task="sequence-classification"))
+    assert adapter.describe()["architecture"] == "BertForSequenceClassification"
+    assert adapter.loading_info.missing == () and adapter.capabilities.output_kind.name == "row_scores"
+
+
+class EmbeddingLayouts(nn.Module):
+    """A decoder-free encoder whose embedding is reached in one of two layouts the gradient
+    checks must measure: ids padded on the right before embedding (Longformer pads to its
+    attention window) or an embedding that returns (embeddings, scale) (I-BERT's QuantEmbedding)."""
+
+    def __init__(self, layout: str, leaks: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layout, self.leaks = layout, leaks
+        self.embedding = QuantLike(VOCAB, 8) if layout == "tuple" else nn.Embedding(VOCAB, 8)
+        self.maskcheck_capabilities = {"family": "encoder", "vocab_size": VOCAB, "pad_token_id": 0}
+        self.maskcheck_embedding = "embedding"
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        real = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # [B, T]
+        if self.layout == "padded":  # lengthened on the right to a multiple of 16
+            extra = -input_ids.shape[1] % 16 or 16
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], extra)], dim=1)
+            real = torch.cat([real, real.new_zeros(real.shape[0], extra)], dim=1)
+        embedded = self.embedding(input_ids)
+        embedded = embedded[0] if isinstance(embedded, tuple) else embedded  # [B, T', 8]
+        weights = torch.ones_like(real) if self.leaks else real  # a leak: every slot pooled
+        return (embedded * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)  # [B, 8]
+
+
+class QuantLike(nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        return super().forward(ids), torch.ones(())
+
+
+@pytest.mark.parametrize("layout", ["padded", "tuple"])
+def test_the_gradient_checks_measure_embeddings_reached_in_other_layouts(layout: str) -> None:
+    """The backward check runs (no error) on both layouts, passes the clean model, and fails
+    the one whose pooling reads padded slots."""
+    clean = audit(EmbeddingLayouts(layout), ["padding"], profile="quick").suite("padding")
+    gradients = next(c for c in clean.checks if c.name == "padded_gradients")
+    assert gradients.status == "pass", gradients.message
+    leaky = audit(EmbeddingLayouts(layout, leaks=True), ["padding"], profile="quick").suite("padding")
+    assert next(c for c in leaky.checks if c.name == "padded_gradients").status == "fail"

@@ -64,22 +64,35 @@ class GradientCalls:
         self._check_eval()
         note_call(self.path, batch, self.capabilities.position_offset)
         ids = batch.predicted_ids
-        captured: list[tuple[Tensor, bool]] = []  # (leaf, whether the embedding was given the ids [T, B])
+        # (leaf, whether the embedding was given the ids [T, B], whether it was given them
+        # lengthened on the right: [B, T' > T] starting with them)
+        captured: list[tuple[Tensor, bool, bool]] = []
 
         def keep(_module: Any, inputs: Any, output: Any) -> Any:
-            if not isinstance(output, Tensor):
+            # A quantized embedding returns (embeddings, scaling factor) (I-BERT's QuantEmbedding).
+            rest = output[1:] if isinstance(output, tuple) and output and isinstance(output[0], Tensor) else None
+            embedded = output[0] if rest is not None else output
+            if not isinstance(embedded, Tensor):
                 return output
-            leaf = output.detach().requires_grad_(True)
+            leaf = embedded.detach().requires_grad_(True)
             given = inputs[0].to(ids.device) if inputs and isinstance(inputs[0], Tensor) else None
-            # Seq-first models (XLNet) transpose the ids before embedding them: measured
-            # on the ids the embedding was given, not guessed from shapes (torch.equal is
-            # False for tensors of other shapes).
+            # Seq-first models (XLNet) transpose the ids before embedding them, and a model may
+            # pad them on the right first (Longformer, to a multiple of its attention window):
+            # measured on the ids the embedding was given, not guessed from shapes (torch.equal
+            # is False for tensors of other shapes).
             seq_first = given is not None and torch.equal(given, ids.t()) and not torch.equal(given, ids)
-            captured.append((leaf, seq_first))
+            lengthened = (
+                given is not None
+                and given.dim() == 2
+                and given.shape[0] == ids.shape[0]
+                and given.shape[1] > ids.shape[1]
+                and torch.equal(given[:, : ids.shape[1]], ids)
+            )
+            captured.append((leaf, seq_first, lengthened))
             # A copy, not the leaf: a model may scale its embeddings in place (CTRL's
             # ``inputs_embeds *= sqrt(d)``), which autograd refuses on a leaf; the gradient
             # at the leaf is the copy's.
-            return leaf.clone()
+            return leaf.clone() if rest is None else (leaf.clone(), *rest)
 
         handle = embedding.register_forward_hook(keep)
         try:
@@ -89,8 +102,9 @@ class GradientCalls:
                 )
                 leaves = [
                     (leaf, seq_first)
-                    for leaf, seq_first in captured
-                    if tuple(leaf.shape[:2]) == (tuple(ids.shape[::-1]) if seq_first else tuple(ids.shape))
+                    for leaf, seq_first, lengthened in captured
+                    if lengthened
+                    or tuple(leaf.shape[:2]) == (tuple(ids.shape[::-1]) if seq_first else tuple(ids.shape))
                 ]
                 if not leaves:
                     raise AdapterError(
@@ -110,8 +124,8 @@ class GradientCalls:
             handle.remove()
         if gradient is None:
             return torch.zeros(ids.shape, dtype=torch.float64), logits.detach()
-        norms = gradient.detach().double().norm(dim=-1).cpu()  # [B, T], or [T, B] seq-first
-        return (norms.t() if seq_first else norms), logits.detach()
+        norms = gradient.detach().double().norm(dim=-1).cpu()  # [B, T] ([B, T' > T] lengthened), or [T, B] seq-first
+        return (norms.t() if seq_first else norms[:, : ids.shape[1]]), logits.detach()
 
     def logits_module(self) -> Any:
         """The module whose output is the logits, for :meth:`loss_logit_gradients`: the one a

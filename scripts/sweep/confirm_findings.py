@@ -67,7 +67,14 @@ def direct_check(suite: str, verdict: dict, task: str = "causal-lm") -> str | No
     FAIL of the cut rows: truncation); for a
     WARN, the one that measures its behaviour (None: no direct check measures it)."""
     if task == "sequence-classification":  # one output per row: its padding is its pooled position's
-        return "pooling" if suite == "padding" and verdict["status"] == "fail" else None
+        if suite != "padding" or verdict["status"] != "fail":
+            return None
+        message = verdict.get("message", "")
+        if "reads padded slots" in message:  # pooling: neither side holds
+            return "pooling"
+        named = (side for side in ("right", "left") if f"{side} padding" in message or f"{side}-padded" in message)
+        side = next(named, None)
+        return f"pooling_{side}" if side else "pooling"
     if verdict["status"] == "fail":
         if suite == "serving" and CACHE_BEFORE_OPERATION in verdict.get("message", ""):
             return "kv_cache"

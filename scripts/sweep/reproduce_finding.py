@@ -21,7 +21,7 @@ keeps its float32 result, and the script says so.
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
 | truncation | (causal's cut) a row's first 15 logits when the row is cut after them, from 16 and from 129 tokens |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
-| pooling | (a sequence classifier's padding) its scores for a row padded on the right and on the left, the pad id in the padded slots, against the row alone |
+| pooling | (a sequence classifier's padding) its scores for a row of 3 tokens padded by 4 on the right and on the left, the pad id in the padded slots, against the row alone: on neither side the row alone (`pooling_right`, `pooling_left`: on that side) |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | serving | after a rollback (crop), row reorders (reorder_cache, batch_select_indices, batch_repeat_interleave), with the static cache and past a sliding window: the cached logits vs the full forward; a cache reset and reused by another request, and a prompt cache copied and continued: vs a fresh decode (same shapes) |
@@ -130,17 +130,18 @@ def padding(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     return max(by_ids, by_padding), by_ids > 0.0 or beyond_rounding(by_padding, model)
 
 
-def pooling(model: torch.nn.Module, task: str) -> tuple[float, bool]:
-    """A sequence classifier's scores (raw, [1, C]) for a row of 6 tokens padded by 2 on the
+def pooled_differences(model: torch.nn.Module) -> dict[str, float]:
+    """A sequence classifier's scores (raw, [1, C]) for a row of 3 tokens padded by 4 on the
     right and on the left (the pad id in the padded slots, the mask given, position ids from
-    the mask where the model takes them) against the row alone. Prints both sides; returns
-    the larger, a finding beyond rounding on either."""
+    the mask where the model takes them) against the row alone, by side: the shorter of the
+    two rows suites/pooling.py measures, whose padding lies within a few positions of every
+    real token (a convolution's reach, say). Prints both."""
     pad = getattr(model.config, "pad_token_id", None) or 0
-    real = ids(model, 6)
-    padding = torch.full((1, 2), pad)
+    real = ids(model, 3)
+    padding = torch.full((1, 4), pad)
     rows = {
-        "right": (torch.cat([real, padding], 1), [1] * 6 + [0, 0], [0, 1, 2, 3, 4, 5, 5, 5]),
-        "left": (torch.cat([padding, real], 1), [0, 0] + [1] * 6, [0, 0, 0, 1, 2, 3, 4, 5]),
+        "right": (torch.cat([real, padding], 1), [1] * 3 + [0] * 4, [0, 1, 2, 2, 2, 2, 2]),
+        "left": (torch.cat([padding, real], 1), [0] * 4 + [1] * 3, [0, 0, 0, 0, 0, 1, 2]),
     }
     with torch.no_grad():
         alone = model(input_ids=real).logits.double()
@@ -153,8 +154,24 @@ def pooling(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     print(
         f"pooled scores, right-padded against alone: {differences['right']:.3g}; left-padded: {differences['left']:.3g}"
     )
-    difference = max(differences.values())
+    return differences
+
+
+def pooling(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """(a pooled output that reads padded slots) the smaller side's difference: a finding
+    only where neither padding side gives the row alone."""
+    difference = min(pooled_differences(model).values())
     return difference, beyond_rounding(difference, model)
+
+
+def pooling_side(side: str) -> Callable[[torch.nn.Module, str], tuple[float, bool]]:
+    """(a pooled output broken on one side) that side's difference."""
+
+    def check(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+        difference = pooled_differences(model)[side]
+        return difference, beyond_rounding(difference, model)
+
+    return check
 
 
 def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
@@ -331,6 +348,8 @@ CHECKS = {
     "truncation": truncation,
     "padding": padding,
     "pooling": pooling,
+    "pooling_right": pooling_side("right"),
+    "pooling_left": pooling_side("left"),
     "packing": packing,
     "kv_cache": kv_cache,
     "serving": serving,
