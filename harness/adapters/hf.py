@@ -98,7 +98,7 @@ class HFAdapter(Adapter):
         if chosen not in TASKS:
             raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
         self.task: Task = chosen  # type: ignore[assignment]
-        family = family_of(model.config, chosen)
+        family = family_of(model.config, chosen, model)
         keywords = ForwardKeywords.of(model)
         self.cache_keyword = (
             "cache" if keywords.named("cache") else ("past_key_values" if keywords.named("past_key_values") else None)

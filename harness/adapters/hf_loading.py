@@ -6,6 +6,7 @@ safetensors only by default; pickle weights only when asked, read by maskcheck w
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,18 +106,30 @@ def _base_model_classes() -> set[str]:
     return names
 
 
-def family_of(config: Any, task: str) -> str:
+def family_of(config: Any, task: str, model: Any = None) -> str:
     """The family a model of ``task`` belongs to: a language-model task tells it; a classifier
-    or a base model is an encoder where its type has a masked LM and its config says it is no
-    decoder (BERT, RoBERTa), a decoder where its type has a causal LM (GPT-2, Llama), else an
-    encoder. An encoder-decoder's classifier is an :class:`HFLoadError` of one line."""
+    or a base model is what its attention modules declare (transformers' ``is_causal``: any
+    causal self-attention makes a decoder, as the text model under an audio encoder), else an
+    encoder where its type has a masked LM and its config says it is no decoder (BERT,
+    RoBERTa), a decoder where its type has a causal LM (GPT-2, Llama), else an encoder. An
+    encoder-decoder's classifier is an :class:`HFLoadError` of one line."""
     if task in FAMILY_OF_TASK:
         return FAMILY_OF_TASK[task]
-    if getattr(config, "is_encoder_decoder", False):
+    # An encoder-decoder's config can sit under an encoder-only head (UMT5's token classifier):
+    # the head is an encoder-decoder's where its forward takes decoder inputs.
+    takes_decoder_inputs = model is None or "decoder_input_ids" in inspect.signature(type(model).forward).parameters
+    if getattr(config, "is_encoder_decoder", False) and takes_decoder_inputs:
         raise HFLoadError(
             f"{task} of an encoder-decoder ({getattr(config, 'model_type', '?')}) is not audited yet: its head "
             "builds decoder inputs of its own"
         )
+    declared = [
+        flag
+        for module in (model.modules() if model is not None else ())
+        if type(module).__name__.endswith("Attention") and isinstance(flag := getattr(module, "is_causal", None), bool)
+    ]
+    if declared:
+        return "decoder" if any(declared) else "encoder"
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -192,7 +205,6 @@ def load_hf_directory(
     chosen: Task = task if task is not None else infer_task(config)  # type: ignore[assignment]
     if chosen not in TASKS:
         raise HFLoadError(f"unknown task {chosen!r}; choose one of {', '.join(TASKS)}")
-    family_of(config, chosen)  # an encoder-decoder's classifier is refused before its weights are read
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = dtype

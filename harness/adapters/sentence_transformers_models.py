@@ -48,7 +48,7 @@ class SentenceTransformerCall(nn.Module):
         config = backbone.config
         self.maskcheck_embedding = backbone.get_input_embeddings()
         self.maskcheck_capabilities = Capabilities(
-            family=family_of(config, "feature-extraction"),  # type: ignore[arg-type]
+            family=family_of(config, "feature-extraction", backbone),  # type: ignore[arg-type]
             vocab_size=int(config.vocab_size),
             takes_position_ids=ForwardKeywords.of(backbone).named("position_ids"),
             pad_token_id=_first(getattr(tokenizer, "pad_token_id", None), getattr(config, "pad_token_id", None)),

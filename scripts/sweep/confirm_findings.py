@@ -66,6 +66,8 @@ def direct_check(suite: str, verdict: dict, task: str = "causal-lm") -> str | No
     FAIL the same decode without the operation shows too: kv_cache's, which it is; a causal
     FAIL of the cut rows: truncation); for a
     WARN, the one that measures its behaviour (None: no direct check measures it)."""
+    if task == "token-classification" and suite == "loss_masking":  # labels are label indices, unshifted
+        return "tagger_loss" if verdict["status"] == "fail" else None
     if task == "sequence-classification":  # one output per row: its padding is its pooled position's
         if suite != "padding" or verdict["status"] != "fail":
             return None
@@ -74,6 +76,8 @@ def direct_check(suite: str, verdict: dict, task: str = "causal-lm") -> str | No
             return "pooling"
         named = (side for side in ("right", "left") if f"{side} padding" in message or f"{side}-padded" in message)
         side = next(named, None)
+        if side and verdict.get("check") == "pad_ids":  # same shapes: the padded ids changed
+            return f"pooling_ids_{side}"
         return f"pooling_{side}" if side else "pooling"
     if verdict["status"] == "fail":
         if suite == "serving" and CACHE_BEFORE_OPERATION in verdict.get("message", ""):

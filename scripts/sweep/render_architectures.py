@@ -182,6 +182,14 @@ def render(results: Path, out: Path) -> None:
         "was swept on the default attention implementation only (an empty cell: not swept); a",
         "`serving` FAIL whose decode was wrong without the operation too is the `kv_cache` finding",
         "again, and is confirmed by `kv_cache`'s direct check.",
+        "The sequence- and token-classification heads (tasks `sequence-classification`,",
+        "`token-classification`) were swept on the default attention implementation only, each",
+        "config given a pad id where it has none, as fine-tuning gives it. A sequence classifier",
+        "returns one score per row: its padding verdict judges that pooled output, and `padding/pooling`",
+        "names what decides it; its FAILs are reproduced by `pooling` (neither padding side gives the",
+        "row alone), `pooling_right`/`pooling_left` (that side) and `pooling_ids_right`/`pooling_ids_left`",
+        "(other ids in the padded slots). Encoder-decoder classifiers (BART, T5) are not audited yet and",
+        "are listed as not built.",
         *(
             ["Only the default attention implementation has been swept with this version."]
             if implementations == ["default"]

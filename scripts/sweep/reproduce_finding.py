@@ -21,11 +21,12 @@ keeps its float32 result, and the script says so.
 | causal | logits before position 5 when the token at position 5 changes, unpadded and left-padded; beyond a sliding window's reach; an encoder must read ahead |
 | truncation | (causal's cut) a row's first 15 logits when the row is cut after them, from 16 and from 129 tokens |
 | padding | real logits when the ids in left-padded slots change (mask given); a left-padded row against the row alone |
-| pooling | (a sequence classifier's padding) its scores for a row of 3 tokens padded by 4 on the right and on the left, the pad id in the padded slots, against the row alone: on neither side the row alone (`pooling_right`, `pooling_left`: on that side) |
+| pooling | (a sequence classifier's padding) its scores for a row of 3 tokens padded by 4 on the right and on the left, the pad id in the padded slots, against the row alone: on neither side the row alone (`pooling_right`, `pooling_left`: on that side; `pooling_ids_right`, `pooling_ids_left`: other ids in that side's padded slots, same shapes) |
 | packing | sequence B's logits when sequence A, packed before it in one row, changes |
 | kv_cache | generate()'s logits on a left-padded batch with its cache vs without (use_cache=False); with the cache on a left-padded and on an unpadded batch vs each row's own forward over the same tokens; a 2-token chunk after a cache |
 | serving | after a rollback (crop), row reorders (reorder_cache, batch_select_indices, batch_repeat_interleave), with the static cache and past a sliding window: the cached logits vs the full forward; a cache reset and reused by another request, and a prompt cache copied and continued: vs a fresh decode (same shapes) |
 | loss_masking | the model's loss vs cross-entropy of logits[t] against labels[t + 1], -100 ignored; a left-padded row's loss against the row alone, and with other ids in its padded slots |
+| tagger_loss | (a token classifier's loss_masking) its loss of a right-padded row, labels -100 at padding, with other ids in the padded slots, and against the row alone |
 | cross_attention | an encoder-decoder's decoder logits when the ids in left-padded source slots change (source mask given); a right-padded source against the source alone |
 | positions | (a WARN's behaviour) a left-padded row without position ids against positions derived from the mask and positions counting the padding: closer to the second |
 | packing_unisolated | (a WARN's behaviour) sequence B's logits when A changes, packed back to back with no isolating input; and not on the isolated path |
@@ -61,6 +62,20 @@ from reproduce_common import (
 from reproduce_decoding import kv_cache, serving
 
 
+def reads_both_ways(model: torch.nn.Module, task: str) -> bool:
+    """Whether the model is declared an encoder: a masked LM, or a classifier whose type has a
+    masked-LM head in transformers' auto mappings and whose config is no decoder (BERT's, MRA's)."""
+    from transformers.models.auto import modeling_auto
+
+    if task == "masked-lm":
+        return True
+    return (
+        task in ("sequence-classification", "token-classification")
+        and model.config.model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and not getattr(model.config, "is_decoder", False)
+    )
+
+
 def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """Changing the token at each position p of 8, unpadded and in a row left-padded by 2
     (mask given): logits before p must not move (same shapes, so any difference is a leak).
@@ -80,8 +95,8 @@ def causal(model: torch.nn.Module, task: str) -> tuple[float, bool]:
         later = max(later, float((base[:, :p] - predicted(model, changed)[:, :p]).abs().max()))
         moved = predicted(model, torch.cat([torch.full((1, 2), pad), changed], 1), mask, positions)[:, 2:]
         in_padded = max(in_padded, float((padded[:, :p] - moved[:, :p]).abs().max()))
-    if task == "masked-lm":
-        print(f"a masked LM: later tokens move earlier outputs by {later:.3g} (0: it does not read ahead)")
+    if reads_both_ways(model, task):
+        print(f"an encoder: later tokens move earlier outputs by {later:.3g} (0: it does not read ahead)")
         return later, later == 0.0
     print(f"a later token moves earlier logits by {later:.3g} unpadded, {in_padded:.3g} left-padded")
     worst = max(later, in_padded)
@@ -143,6 +158,7 @@ def pooled_differences(model: torch.nn.Module) -> dict[str, float]:
         "right": (torch.cat([real, padding], 1), [1] * 3 + [0] * 4, [0, 1, 2, 2, 2, 2, 2]),
         "left": (torch.cat([padding, real], 1), [0] * 4 + [1] * 3, [0, 0, 0, 0, 0, 1, 2]),
     }
+    other_id = (pad + 5) % vocab_size(model)
     with torch.no_grad():
         alone = model(input_ids=real).logits.double()
         differences = {}
@@ -150,9 +166,14 @@ def pooled_differences(model: torch.nn.Module) -> dict[str, float]:
             inputs = {"input_ids": row, "attention_mask": torch.tensor([mask])}
             if takes(model, "position_ids"):
                 inputs["position_ids"] = position_ids(model, positions)
-            differences[side] = float((model(**inputs).logits.double() - alone).abs().max())
+            padded = model(**inputs).logits.double()
+            differences[side] = float((padded - alone).abs().max())
+            inputs["input_ids"] = row.masked_fill(torch.tensor([mask]) == 0, other_id)  # other ids, same mask
+            differences[f"{side}_ids"] = float((model(**inputs).logits.double() - padded).abs().max())
     print(
-        f"pooled scores, right-padded against alone: {differences['right']:.3g}; left-padded: {differences['left']:.3g}"
+        f"pooled scores, right-padded against alone: {differences['right']:.3g}; left-padded: {differences['left']:.3g}; "
+        f"other ids in the padded slots (same shapes): right {differences['right_ids']:.3g}, "
+        f"left {differences['left_ids']:.3g}"
     )
     return differences
 
@@ -160,8 +181,20 @@ def pooled_differences(model: torch.nn.Module) -> dict[str, float]:
 def pooling(model: torch.nn.Module, task: str) -> tuple[float, bool]:
     """(a pooled output that reads padded slots) the smaller side's difference: a finding
     only where neither padding side gives the row alone."""
-    difference = min(pooled_differences(model).values())
+    measured = pooled_differences(model)
+    difference = min(measured["right"], measured["left"])
     return difference, beyond_rounding(difference, model)
+
+
+def pooling_ids(side: str) -> Callable[[torch.nn.Module, str], tuple[float, bool]]:
+    """(a pooled output's pad_ids) other ids in that side's padded slots, the mask the same:
+    same shapes, so any difference is a leak."""
+
+    def check(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+        difference = pooled_differences(model)[f"{side}_ids"]
+        return difference, difference > 0.0
+
+    return check
 
 
 def pooling_side(side: str) -> Callable[[torch.nn.Module, str], tuple[float, bool]]:
@@ -172,6 +205,30 @@ def pooling_side(side: str) -> Callable[[torch.nn.Module, str], tuple[float, boo
         return difference, beyond_rounding(difference, model)
 
     return check
+
+
+def tagger_loss(model: torch.nn.Module, task: str) -> tuple[float, bool]:
+    """A token classifier's own loss, labels one per token (seeded, in [0, num_labels)) and -100
+    at padding as DataCollatorForTokenClassification pads them: a row of 3 tokens right-padded
+    by 4 with the pad id against the same row with other ids in its padded slots (same shapes:
+    any difference is a leak), and against the row alone (a difference beyond rounding). Prints
+    both; returns the larger."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    real = ids(model, 3)
+    labels = torch.randint(0, model.config.num_labels, (1, 3), generator=torch.Generator().manual_seed(0))
+    padded_labels = torch.cat([labels, torch.full((1, 4), -100)], 1)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0]])
+    with torch.no_grad():
+        alone = model(input_ids=real, labels=labels).loss.double()
+        with_pad = model(
+            input_ids=torch.cat([real, torch.full((1, 4), pad)], 1), attention_mask=mask, labels=padded_labels
+        )
+        other = torch.full((1, 4), (pad + 5) % vocab_size(model))
+        with_other = model(input_ids=torch.cat([real, other], 1), attention_mask=mask, labels=padded_labels)
+    by_ids = float((with_pad.loss.double() - with_other.loss.double()).abs())
+    by_padding = float((with_pad.loss.double() - alone).abs())
+    print(f"the loss with other padded ids: |difference| = {by_ids:.3g}; right-padded against alone: {by_padding:.3g}")
+    return max(by_ids, by_padding), by_ids > 0.0 or beyond_rounding(by_padding, model)
 
 
 def packing(model: torch.nn.Module, task: str) -> tuple[float, bool]:
@@ -350,6 +407,9 @@ CHECKS = {
     "pooling": pooling,
     "pooling_right": pooling_side("right"),
     "pooling_left": pooling_side("left"),
+    "pooling_ids_right": pooling_ids("right"),
+    "tagger_loss": tagger_loss,
+    "pooling_ids_left": pooling_ids("left"),
     "packing": packing,
     "kv_cache": kv_cache,
     "serving": serving,
