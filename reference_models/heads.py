@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .hf_tiny import VOCAB, tiny_config
+from .hf_tiny import VOCAB, auto_class, tiny_config
 
 POOLINGS = (
     "mean",
@@ -47,7 +47,34 @@ POOLINGS = (
 )
 
 
-class PooledHead(nn.Module):
+class BackboneHead(nn.Module):
+    """A tiny transformers base model (hf_tiny.py's ``backbone`` config, eager attention, random
+    weights from seed 0) under a head of a subclass's, declared as a plain module declares itself
+    (docs/modules.md): ``hidden_states`` is the backbone's last hidden states ``[B, T, D]``."""
+
+    def __init__(self, backbone: str, **declared: Any) -> None:
+        super().__init__()
+        import transformers
+
+        torch.manual_seed(0)
+        self.backbone = transformers.AutoModel.from_config(tiny_config(backbone), attn_implementation="eager")
+        self.hidden_size = self.backbone.config.hidden_size
+        self.maskcheck_capabilities = {
+            "family": "encoder" if backbone == "bert" else "decoder",
+            "vocab_size": VOCAB,
+            "pad_token_id": 0,
+            "takes_position_ids": True,
+            "max_length": 64,
+            **declared,
+        }
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None) -> Tensor:
+        return self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # [B, T, D]
+
+
+class PooledHead(BackboneHead):
     """A backbone's hidden states pooled into ``[B, width]`` (``[B]`` for ``width=None``: a reward).
 
     ``padding_side`` is what the model declares its inputs are padded on (its tokenizer's
@@ -56,35 +83,20 @@ class PooledHead(nn.Module):
     def __init__(
         self, backbone: str = "bert", pooling: str = "mean", width: int | None = 3, padding_side: str | None = None
     ) -> None:
-        super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; one of {', '.join(POOLINGS)}")
-        import transformers
-
-        torch.manual_seed(0)
-        self.backbone = transformers.AutoModel.from_config(tiny_config(backbone), attn_implementation="eager")
-        hidden = self.backbone.config.hidden_size
+        super().__init__(backbone, padding_side=padding_side)
         self.pooling = pooling
-        self.score = nn.Linear(hidden, 1, bias=False)  # attention pooling's score of each position
-        self.head = nn.Linear(hidden, width or 1)
+        self.score = nn.Linear(self.hidden_size, 1, bias=False)  # attention pooling's score of each position
+        self.head = nn.Linear(self.hidden_size, width or 1)
         self.width = width
-        self.maskcheck_capabilities = {
-            "family": "encoder" if backbone == "bert" else "decoder",
-            "vocab_size": VOCAB,
-            "pad_token_id": 0,
-            "takes_position_ids": True,
-            "max_length": 64,
-            "padding_side": padding_side,
-        }
         self.eval()
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
     ) -> Tensor:
         real = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # [B, T], 1 = real
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=real, position_ids=position_ids
-        ).last_hidden_state  # [B, T, D]
+        hidden = self.hidden_states(input_ids, real, position_ids)  # [B, T, D]
         pooled = pool(hidden, real.bool(), self.pooling, self.score)  # [B, D]
         out = self.head(pooled)  # [B, width]
         return out if self.width else out.squeeze(-1)  # [B] for a reward
@@ -116,70 +128,42 @@ def pool(hidden: Tensor, real: Tensor, pooling: str, score: nn.Linear) -> Tensor
     return (torch.softmax(weights, -1)[..., None] * hidden).sum(1)  # attention, or attention_over_padding
 
 
-class ValueHead(nn.Module):
+class ValueHead(BackboneHead):
     """A decoder's value at each position ``[B, T]`` (a PPO critic, per-token rewards); with
     ``reads_next`` the value of position t is read from position t + 1's hidden state, which
     has seen the token after t."""
 
     def __init__(self, reads_next: bool = False) -> None:
-        super().__init__()
-        import transformers
-
-        torch.manual_seed(0)
-        self.backbone = transformers.AutoModel.from_config(tiny_config("gpt2"), attn_implementation="eager")
-        self.value = nn.Linear(self.backbone.config.hidden_size, 1)
+        super().__init__("gpt2")
+        self.value = nn.Linear(self.hidden_size, 1)
         self.reads_next = reads_next
-        self.maskcheck_capabilities = {
-            "family": "decoder",
-            "vocab_size": VOCAB,
-            "pad_token_id": 0,
-            "takes_position_ids": True,
-            "max_length": 64,
-        }
         self.eval()
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
     ) -> Tensor:
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-        ).last_hidden_state  # [B, T, D]
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids)  # [B, T, D]
         if self.reads_next:
             hidden = torch.cat([hidden[:, 1:], hidden[:, -1:]], dim=1)  # [B, T, D]: position t holds t + 1's
         return self.value(hidden).squeeze(-1)  # [B, T]
 
 
-class TokenTagger(nn.Module):
+class TokenTagger(BackboneHead):
     """An encoder labelling each token with one of ``labels`` classes and its own loss; with
     ``counts_padding`` the loss counts the -100 targets (padding, sub-word continuations) as
     label 0, as a loss that forgets ``ignore_index`` after a ``clamp`` does."""
 
     def __init__(self, labels: int = 5, counts_padding: bool = False) -> None:
-        super().__init__()
-        import transformers
-
-        torch.manual_seed(0)
-        self.backbone = transformers.AutoModel.from_config(tiny_config("bert"), attn_implementation="eager")
-        self.classifier = nn.Linear(self.backbone.config.hidden_size, labels)
+        super().__init__("bert", has_loss=True)
+        self.classifier = nn.Linear(self.hidden_size, labels)
         self.counts_padding = counts_padding
         self.maskcheck_output_kind = "label_scores"
-        self.maskcheck_capabilities = {
-            "family": "encoder",
-            "vocab_size": VOCAB,
-            "pad_token_id": 0,
-            "takes_position_ids": True,
-            "max_length": 64,
-            "has_loss": True,
-        }
         self.eval()
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
     ) -> Tensor:
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-        ).last_hidden_state  # [B, T, D]
-        return self.classifier(hidden)  # [B, T, labels]
+        return self.classifier(self.hidden_states(input_ids, attention_mask, position_ids))  # [B, T, labels]
 
     def maskcheck_loss(self, scores: Tensor, labels: Tensor) -> Tensor:
         if self.counts_padding:
@@ -190,19 +174,12 @@ class TokenTagger(nn.Module):
 def tiny_head(name: str, task: str, num_labels: int = 3, problem_type: str | None = None, seed: int = 0) -> Any:
     """A transformers head over a tiny config of hf_tiny.py (``task``: sequence-classification,
     token-classification or feature-extraction), random weights, in eval mode."""
-    import transformers
-
     config = tiny_config(name)
     config.num_labels = num_labels
     if problem_type is not None:
         config.problem_type = problem_type
-    auto = {
-        "sequence-classification": transformers.AutoModelForSequenceClassification,
-        "token-classification": transformers.AutoModelForTokenClassification,
-        "feature-extraction": transformers.AutoModel,
-    }[task]
     torch.manual_seed(seed)
-    return auto.from_config(config).eval()
+    return auto_class(task).from_config(config).eval()
 
 
 # -- factories, for module: specs and the catalogue ------------------------------------------------

@@ -369,6 +369,7 @@ def auto_class(task: str) -> Any:
         "seq2seq": transformers.AutoModelForSeq2SeqLM,
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "token-classification": transformers.AutoModelForTokenClassification,
+        "feature-extraction": transformers.AutoModel,
     }[task]
 
 

@@ -322,3 +322,28 @@ def test_a_low_precision_models_pooled_position_is_measured_on_its_float32_copy(
     ).suite("padding")
     pooling = next(c for c in padding.checks if c.name == "pooling")
     assert padding.status == "warn" and "padded on the right" in pooling.message, pooling.message
+
+
+def test_a_float32_failure_near_its_threshold_is_judged_again_in_float64() -> None:
+    """MiniCPM3's two-label classifier: a right-padded row differs from the row alone by 1.4x the
+    threshold in float32 and by 1e-14 in float64 (multi-head latent attention's rounding, larger
+    than its outputs' scale shows): rounding, so the check passes and says why. ConvBERT's
+    convolution reads padded slots: the same rule keeps its failure, with the float64 evidence."""
+    import json
+
+    from maskcheck.harness.adapters.hf import HFAdapter
+    from maskcheck.reference_models.hf_tiny import shrunk_model
+
+    shrink = {
+        r["type"]: r.get("shrink", "full")
+        for r in map(json.loads, (Path(__file__).parent.parent / "docs/architectures.jsonl").read_text().splitlines())
+        if r["task"] == "sequence-classification" and r.get("built")
+    }
+    for model_type, status, words in (
+        ("minicpm3", "pass", "rounding, not a leak"),
+        ("convbert", "fail", "it keeps its size, so it is the model's"),
+    ):
+        model = shrunk_model(model_type, "sequence-classification", level=shrink[model_type])
+        padding = audit(HFAdapter(model, task="sequence-classification"), ["padding"], profile="ci").suite("padding")
+        check = next(c for c in padding.checks if c.name == "padded_vs_unpadded")
+        assert check.status == status and words in check.message, (model_type, check.message)

@@ -457,18 +457,28 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
     def float32_twin(self) -> "Adapter":
         """This adapter over a float32 copy of the model's weights (made once; raises
         :class:`AdapterError` for a model that cannot be copied or does not fit twice)."""
-        twin = self.__dict__.get("_float32_twin")
+        return self._twin("_float32_twin", torch.float32)
+
+    def float64_twin(self) -> "Adapter":
+        """This adapter over a float64 copy of the model's weights (made once, on first need,
+        by the adapter the path copies come from): the precision a float32 failure near its
+        threshold is judged again in (harness/audits/rounding.py). Raises like :meth:`float32_twin`."""
+        return self.__dict__.get("_path_base", self)._twin("_float64_twin", torch.float64)
+
+    def _twin(self, attribute: str, dtype: torch.dtype) -> "Adapter":
+        twin = self.__dict__.get(attribute)
         if twin is None:
             model = self.model
             if not isinstance(model, torch.nn.Module) or getattr(model, "hf_device_map", None):
                 raise AdapterError("the model is not one torch.nn.Module on one device, so it cannot be copied")
+            name = str(dtype).removeprefix("torch.")
             try:
-                copied = copy.deepcopy(model).float()
+                copied = copy.deepcopy(model).to(dtype)
             except (torch.OutOfMemoryError, RuntimeError, TypeError) as exc:
                 raise AdapterError(
-                    f"a float32 copy of the model could not be made: {type(exc).__name__}: {exc}"
+                    f"a {name} copy of the model could not be made: {type(exc).__name__}: {exc}"
                 ) from exc
-            twin = self.__dict__["_float32_twin"] = self._with_model(copied)
+            twin = self.__dict__[attribute] = self._with_model(copied)
         return twin
 
     def release_state(self) -> None:
@@ -479,10 +489,14 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
         """Drop the float32 copy (an audit that does not run its path needs no second model)."""
         self.__dict__.pop("_float32_twin", None)
 
+    def release_float64_twin(self) -> None:
+        """Drop the float64 copy once the suite that judged a failure on it is done."""
+        self.__dict__.pop("_float64_twin", None)
+
     def _with_model(self, model: Any) -> "Adapter":
         """A copy of this adapter calling ``model`` (the same model in another dtype)."""
         other = copy.copy(self)
-        for key in ("_path_adapters", "_path_base", "_availability", "_float32_twin"):
+        for key in ("_path_adapters", "_path_base", "_availability", "_float32_twin", "_float64_twin"):
             other.__dict__.pop(key, None)
         other.model = model
         other.path = CANONICAL

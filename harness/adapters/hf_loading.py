@@ -15,6 +15,7 @@ from typing import Any, Literal, Sequence
 import torch
 from torch import Tensor
 
+from ...reference_models.hf_tiny import auto_class
 from .base import PickleRefused, load_tensors_only
 
 Task = Literal[
@@ -141,19 +142,6 @@ def family_of(config: Any, task: str, model: Any = None) -> str:
     return "decoder" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "encoder"
 
 
-def _auto_class(task: Task) -> Any:
-    import transformers
-
-    return {
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-        "sequence-classification": transformers.AutoModelForSequenceClassification,
-        "token-classification": transformers.AutoModelForTokenClassification,
-        "feature-extraction": transformers.AutoModel,
-    }[task]
-
-
 def load_hf_directory(
     directory: str | Path,
     *,
@@ -220,10 +208,10 @@ def load_hf_directory(
             kwargs["offload_folder"] = str(path / ".maskcheck-offload")
         device = None  # accelerate places every module itself
     if not has_safetensors:
-        model = _from_pickles(_auto_class(chosen), config, pickles, kwargs)
+        model = _from_pickles(auto_class(chosen), config, pickles, kwargs)
         return model.to(device) if device is not None else model
     try:
-        model, info = _auto_class(chosen).from_pretrained(
+        model, info = auto_class(chosen).from_pretrained(
             str(path), use_safetensors=True, output_loading_info=True, **kwargs
         )
     except ValueError as exc:
