@@ -335,7 +335,9 @@ def test_a_replaying_check_evaluates_the_forward_checks_most_informative_cases_a
     backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
     backward = replace(backward, name="backward", max_examples=5, replays=3)
     context = replace(ci_context(), examples=10, path_examples=0)
-    adapter = SimpleNamespace(capabilities=None, release_state=lambda: None)  # the runner's view of an adapter
+    adapter = SimpleNamespace(  # the runner's view of an adapter; float64: no failure of it is judged again in float64
+        capabilities=SimpleNamespace(dtype="float64"), release_state=lambda: None, release_float64_twin=lambda: None
+    )
     result = run_suite(TwoChecks([forward, backward]), adapter, context)
     replayed = informative_cases(list(dict.fromkeys(forward_seen)), 3)
     assert {case.side for case in replayed} == {"left", "right"}
@@ -377,7 +379,9 @@ def test_where_every_forward_check_failed_a_replaying_check_searches_their_draws
     backward, backward_seen = recording(strategy, fails=lambda case: leaks_left and case.side == "left")
     backward = replace(backward, name="backward", max_examples=5, replays=3)
     context = replace(ci_context(), examples=10, path_examples=0)
-    adapter = SimpleNamespace(capabilities=None, release_state=lambda: None)  # the runner's view of an adapter
+    adapter = SimpleNamespace(  # the runner's view of an adapter; float64: no failure of it is judged again in float64
+        capabilities=SimpleNamespace(dtype="float64"), release_state=lambda: None, release_float64_twin=lambda: None
+    )
     result = run_suite(TwoChecks([forward, backward]), adapter, context)
     checked = {check.name: check for check in result.checks}
     assert checked["recording"].status == "fail"
