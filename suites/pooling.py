@@ -122,17 +122,12 @@ class Pooling:
             )
         return "; ".join(parts)
 
-    def _check(self, status: str, message: str, outcome: Outcome | None, convention: str | None = None) -> CheckResult:
+    def _check(self, status: str, message: str, outcome: Outcome | None) -> CheckResult:
+        """The check's result, with the measured side's difference, floor and threshold where there is one."""
         if outcome is None:
-            return CheckResult("pooling", status, message, convention=convention)
+            return CheckResult("pooling", status, message)
         return CheckResult(
-            "pooling",
-            status,
-            message,
-            max_diff=outcome.max_diff,
-            floor=outcome.floor,
-            threshold=outcome.threshold,
-            convention=convention,
+            "pooling", status, message, max_diff=outcome.max_diff, floor=outcome.floor, threshold=outcome.threshold
         )
 
     def pad_ids_condition(self) -> str | None:
