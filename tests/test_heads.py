@@ -328,7 +328,7 @@ def test_a_float32_failure_near_its_threshold_is_judged_again_in_float64() -> No
     """MiniCPM3's two-label classifier: a right-padded row differs from the row alone by 1.4x the
     threshold in float32 and by 1e-14 in float64 (multi-head latent attention's rounding, larger
     than its outputs' scale shows): rounding, so the check passes and says why. ConvBERT's
-    convolution reads padded slots: the same rule keeps its failure, with the float64 evidence."""
+    convolution reads padded slots: its difference keeps its size in float64, so it still fails."""
     import json
 
     from maskcheck.harness.adapters.hf import HFAdapter
@@ -341,7 +341,7 @@ def test_a_float32_failure_near_its_threshold_is_judged_again_in_float64() -> No
     }
     for model_type, status, words in (
         ("minicpm3", "pass", "rounding, not a leak"),
-        ("convbert", "fail", "it keeps its size, so it is the model's"),
+        ("convbert", "fail", "a right-padded row differs from the same row unpadded"),
     ):
         model = shrunk_model(model_type, "sequence-classification", level=shrink[model_type])
         padding = audit(HFAdapter(model, task="sequence-classification"), ["padding"], profile="ci").suite("padding")
