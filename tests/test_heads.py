@@ -347,3 +347,12 @@ def test_a_float32_failure_near_its_threshold_is_judged_again_in_float64() -> No
         padding = audit(HFAdapter(model, task="sequence-classification"), ["padding"], profile="ci").suite("padding")
         check = next(c for c in padding.checks if c.name == "padded_vs_unpadded")
         assert check.status == status and words in check.message, (model_type, check.message)
+
+
+def test_a_head_configured_to_return_tuples_is_read_by_position() -> None:
+    """return_dict=False: the output is a tuple, read as its first item at every call."""
+    model = heads.tiny_head("bert", "sequence-classification", 3)
+    model.config.return_dict = False
+    adapter = adapter_for(model)
+    assert adapter.capabilities.output_kind.source == "the first item returned"
+    assert adapter.logits(Batch(torch.tensor([[5, 6, 7]]))).shape == (1, 3, 3)

@@ -40,7 +40,7 @@ from .generation import GenerationPath, GenerationState, drives_generation
 from .hf_loading import LM_TASKS, TASKS, HFLoadError, LoadingInfo, Task, family_of, infer_task
 from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
 from .memo import plain_values
-from .outputs import OutputKind, measure_output, read_output, vocabulary
+from .outputs import OUTPUT_NAMES, OutputKind, measure_output, read_output, vocabulary
 from .peft_models import is_peft_model, unwrap_peft
 from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
 
@@ -335,7 +335,8 @@ class HFAdapter(Adapter):
 
     def _logits(self, batch: Batch) -> Tensor:
         output = self.capabilities.output_kind
-        value, _ = read_output(self._call(**self._inputs(batch)), output.source)
+        named = output.source if output.source in OUTPUT_NAMES else None  # a tuple's first item has no name
+        value, _ = read_output(self._call(**self._inputs(batch)), named)
         return output.in_positions(value, batch.predicted_ids.shape[1])  # [B, T, C]
 
     def _kept_logits(self, batch: Batch, keep: int | None) -> Tensor:

@@ -62,7 +62,8 @@ SCORES = ("vocabulary", "label_scores", "row_scores")
 #: the names a model's structured output is read by, in order: a head's logits first, then what
 #: embedding pipelines use (a sentence embedding, the last hidden states, the pooled output)
 OUTPUT_NAMES = ("logits", "sentence_embedding", "last_hidden_state", "pooler_output")
-#: the two lengths an output is measured at (neither divides the other's positions)
+#: the two lengths an output is measured at: a dimension that follows the length is the
+#: sequence's, one that equals a length at one of them only (``num_labels=5``) is not
 PROBE_LENGTHS = (5, 7)
 
 
