@@ -242,10 +242,14 @@ def test_compare_judges_pooled_outputs_and_names_where_they_part() -> None:
 
 
 def test_the_command_line_offers_every_task_the_loader_knows() -> None:
-    from maskcheck.harness.adapters.hf_loading import TASKS
-    from maskcheck.harness.cli.main import HF_TASKS
+    """--task takes the loader's tasks and the collator's one more, read from one list."""
+    from maskcheck.harness.adapters.task_names import TASKS
+    from maskcheck.harness.cli.main import build_parser
 
-    assert HF_TASKS == TASKS
+    parser = build_parser()
+    assert [parser.parse_args(["audit", "hf:x", "--task", task]).task for task in TASKS] == list(TASKS)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["audit", "hf:x", "--task", "multiple-choice"])
 
 
 def test_a_model_that_reads_no_token_ids_is_refused_in_one_line() -> None:

@@ -1,5 +1,2 @@
-"""The adapter protocol and its implementations (imported lazily: they pull in torch)."""
-
-from .base import Adapter, AdapterError, Batch, Capabilities, check_logits
-
-__all__ = ["Adapter", "AdapterError", "Batch", "Capabilities", "check_logits"]
+"""The adapter protocol and its implementations, one module each (imported by name: they pull
+in torch, and :mod:`.task_names` must not)."""

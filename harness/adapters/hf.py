@@ -37,12 +37,13 @@ from .base import (
     positions_from_mask,
 )
 from .generation import GenerationPath, GenerationState, drives_generation
-from .hf_loading import LM_TASKS, TASKS, HFLoadError, LoadingInfo, Task, family_of, infer_task
+from .hf_loading import HFLoadError, LoadingInfo, Task, family_of, infer_task
 from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
 from .memo import plain_values
 from .outputs import OUTPUT_NAMES, OutputKind, measure_output, read_output, vocabulary
 from .peft_models import is_peft_model, unwrap_peft
 from .serving import crop_cache, layer_names, rearrange_cache, reset_cache, select_rows
+from .task_names import LM_TASKS, TASKS
 
 
 @dataclass

@@ -6,6 +6,7 @@ safetensors only by default; pickle weights only when asked, read by maskcheck w
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -17,17 +18,13 @@ from torch import Tensor
 
 from ...reference_models.hf_tiny import auto_class
 from .base import PickleRefused, load_tensors_only
+from .task_names import TASKS
 
 Task = Literal[
     "causal-lm", "masked-lm", "seq2seq", "sequence-classification", "token-classification", "feature-extraction"
 ]
-#: the tasks whose models end in a vocabulary head, and the family each one's task tells
-LM_TASKS: tuple[str, ...] = ("causal-lm", "masked-lm", "seq2seq")
+#: the family a language-model task tells
 FAMILY_OF_TASK = {"causal-lm": "decoder", "masked-lm": "encoder", "seq2seq": "encoder_decoder"}
-#: the tasks of models that end elsewhere: a classifier per row (reward and regression heads
-#: included), per token, and the base model whose hidden states embedding pipelines pool
-HEAD_TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "feature-extraction")
-TASKS: tuple[str, ...] = LM_TASKS + HEAD_TASKS
 
 
 class HFLoadError(Exception):
@@ -97,14 +94,15 @@ def infer_task(config: Any, class_names: Sequence[str] = ()) -> Task:
     return "causal-lm"
 
 
-def _base_model_classes() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _base_model_classes() -> frozenset[str]:
     """The class names of transformers' base models (``AutoModel``'s mapping: ``BertModel``, ``LlamaModel``)."""
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     names: set[str] = set()
     for value in MODEL_MAPPING_NAMES.values():
         names.update([value] if isinstance(value, str) else value)
-    return names
+    return frozenset(names)
 
 
 def family_of(config: Any, task: str, model: Any = None) -> str:

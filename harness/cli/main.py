@@ -14,21 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..adapters.task_names import TASKS
 from ..engine.profile_names import PROFILE_NAMES
 from .quiet import quiet_transformers
 
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
-
-
-#: the tasks an hf: spec loads (harness/adapters/hf_loading.py's TASKS, named here so --help imports no torch)
-HF_TASKS = (
-    "causal-lm",
-    "masked-lm",
-    "seq2seq",
-    "sequence-classification",
-    "token-classification",
-    "feature-extraction",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--task",
-        choices=[*HF_TASKS, "packed"],
+        choices=[*TASKS, "packed"],
         help="hf: the head to load, where config.json's architectures cannot say (sequence-classification and token-classification heads, reward models with one label, feature-extraction for a base model); collator: what the collator builds (causal-lm, packed, seq2seq; default causal-lm)",
     )
     audit.add_argument("--examples", type=int, help="cases per check (default: from the profile)")
