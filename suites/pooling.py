@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..harness.adapters.base import Adapter, AdapterError, Batch, concat
+from ..harness.adapters.base import Adapter, AdapterError, Batch
 from ..harness.adapters.outputs import KINDS
-from ..harness.engine.cases import RowBatches, aligned_outcome, perturb, real_logits, repeat_floor
+from ..harness.engine.batching import run_alone
+from ..harness.engine.cases import RowBatches, aligned_outcome, perturb, real_logits, with_floor
 from ..harness.engine.suite import CheckResult, Outcome, RunContext
 from ..harness.engine.tolerance import LOW_PRECISION
 
@@ -192,8 +193,8 @@ def measure_pooling(adapter: Adapter, context: RunContext) -> Pooling:
 
 
 def _against_alone(adapter: Adapter, context: RunContext, batch: Batch, alone: list, what: str) -> Outcome:
-    """``batch``'s rows against each row alone, under the shape-changing rule; a judgement
-    that is not a pass is made again at the floor a copy of ``batch`` measures."""
+    """``batch``'s rows against each row alone, under the shape-changing rule, at the floor a
+    copy of ``batch`` measures where the judgement at floor 0 is not a pass (``with_floor``)."""
     mask = batch.predicted_mask
     assert mask is not None
 
@@ -201,9 +202,4 @@ def _against_alone(adapter: Adapter, context: RunContext, batch: Batch, alone: l
         pairs = [(alone[i][0], real_logits(logits, mask, i), i) for i in range(len(alone))]
         return aligned_outcome(context, pairs, floor, what)
 
-    outcome = judge(adapter.logits(batch), 0.0)
-    if outcome.status == "pass":
-        return outcome
-    twice = adapter.logits(concat([batch, batch]))  # [2B, T, C]: the copy gives the floor
-    floor = repeat_floor(twice, batch.size, mask.bool(), context.units == "log_probabilities")
-    return judge(twice[: batch.size], floor)
+    return run_alone(with_floor(adapter, batch, mask.bool(), judge))

@@ -115,7 +115,7 @@ class GradientCalls:
                 ).to(logits.device)
                 # Indexed, not weighted: 0 x NaN at an excluded position (a fully masked row) is NaN.
                 selected = logits[outputs.to(device=logits.device, dtype=torch.bool).clone()].double()  # [N, V]
-                if self.capabilities.output_kind.units == "log_probabilities":
+                if self.capabilities.output_kind.log_probabilities:
                     selected = torch.log_softmax(selected, -1)
                 objective = (selected @ direction).sum()
                 leaf, seq_first = leaves[-1]

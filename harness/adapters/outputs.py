@@ -91,7 +91,13 @@ class OutputKind:
 
     @property
     def units(self) -> Units:
-        return "log_probabilities" if self.name in SCORES and self.width > 1 else "raw"
+        return "log_probabilities" if self.log_probabilities else "raw"
+
+    @property
+    def log_probabilities(self) -> bool:
+        """Whether it is compared as log-probabilities: one distribution's scores, over more
+        than one value (a log-softmax over one is 0 whatever the value)."""
+        return self.name in SCORES and self.width > 1
 
     @property
     def decodes_no_tokens(self) -> str:
@@ -101,7 +107,7 @@ class OutputKind:
     def describe(self) -> str:
         """One line for the report: what it is, where it is read, how it is compared."""
         how = "declared" if self.declared else "measured"
-        units = "log-probabilities" if self.units == "log_probabilities" else "raw values"
+        units = "log-probabilities" if self.log_probabilities else "raw values"
         return (
             f"{self.name}: {KINDS[self.name]}, width {self.width}, read from {self.source} ({how}), compared as {units}"
         )

@@ -153,7 +153,7 @@ def shape_change_outcome(
     for saved log-probabilities); ``offset``: the logits are a sequence's from that position on
     (:func:`compare_logits`)."""
     if normalise is None:
-        normalise = context.units == "log_probabilities"
+        normalise = context.log_probabilities
     comparison = compare_logits(reference, test, where, normalise, offset=offset)
     threshold = context.tolerance.shape_change(floor, context.dtype, comparison.scale)
     return verdict(comparison, floor, threshold, what)
@@ -307,7 +307,7 @@ def aligned_outcome(
     if not math.isfinite(floor):
         return nonfinite_floor(floor, float("nan"), what)
     device = pairs[0][0].device
-    normalise = context.units == "log_probabilities"
+    normalise = context.log_probabilities
     diff, max_diff, scale = compare_rows(
         torch.cat([ref for ref, _, _ in pairs]), torch.cat([tst.to(device) for _, tst, _ in pairs]), normalise
     )  # [N]
@@ -343,7 +343,7 @@ def repeat_floor(logits: Tensor, size: int, where: Tensor, normalise: bool = Tru
 
 def log_probabilities(adapter: Adapter) -> bool:
     """Whether ``adapter``'s outputs are compared as log-probabilities (else raw: outputs.py)."""
-    return adapter.capabilities.output_kind.units == "log_probabilities"
+    return adapter.capabilities.output_kind.log_probabilities
 
 
 #: Explanations a verdict's message may end with, by name. A check that later finds the

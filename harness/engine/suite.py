@@ -70,6 +70,11 @@ class RunContext:
     # next check given the same strategy (see Check).
     drawn: dict[tuple[int, int, int], "DrawnCases"] = field(default_factory=dict)
 
+    @property
+    def log_probabilities(self) -> bool:
+        """Whether outputs are compared as log-probabilities (else raw: :attr:`units`)."""
+        return self.units == "log_probabilities"
+
 
 @dataclass
 class Outcome:

@@ -231,6 +231,6 @@ def measure_reference_error(adapter: Any) -> float | None:
         twin.logits(batch),
         adapter.logits(batch).float(),
         torch.ones(ids.shape, dtype=torch.bool),
-        normalise=caps.output_kind.units == "log_probabilities",
+        normalise=caps.output_kind.log_probabilities,
     )
     return comparison.max_diff / (EPS[caps.dtype] * comparison.scale)
