@@ -36,6 +36,8 @@ ARCHITECTURE_FIELDS = (
     "position",
     "sliding_window",
     "attention_sinks",
+    "attention_chunk",
+    "prefix_lm",
     "token_shift",
     "n_kv_heads",
 )
@@ -60,6 +62,12 @@ class ModelConfig:
     rope_theta: float = 10000.0
     sliding_window: int | None = None  # a query sees itself and the window - 1 keys before it
     attention_sinks: int = 0  # with a window: the first N tokens of a row stay visible to every query
+    # A query reads the keys at or before it in its own chunk of this many tokens, counted from
+    # its sequence's first real token (Llama 4's chunked attention), in every layer.
+    attention_chunk: int | None = None
+    # A decoder whose forward takes ``prefix_mask [B, T]`` (True at each sequence's
+    # bidirectional prefix): the prefix reads itself both ways, the rest causally (a prefix LM).
+    prefix_lm: bool = False
     token_shift: bool = False  # add a projection of the previous token's embedding
     tie_embeddings: bool = True
     pad_token_id: int = 0
@@ -98,6 +106,14 @@ class ModelConfig:
             self.sliding_window is None or self.family != "encoder",
             "sliding_window is only supported for causal self-attention",
         )
+        need(
+            self.attention_chunk is None or self.attention_chunk >= 1,
+            f"attention_chunk must be >= 1, got {self.attention_chunk}",
+        )
+        patterns = [name for name in ("sliding_window", "attention_chunk", "prefix_lm") if getattr(self, name)]
+        need(len(patterns) <= 1, f"{' and '.join(patterns)} cannot be combined")
+        for name in ("attention_chunk", "prefix_lm"):
+            need(not getattr(self, name) or self.family == "decoder", f"{name} is supported for decoders only")
         need(self.attention_sinks >= 0, f"attention_sinks must be >= 0, got {self.attention_sinks}")
         need(not self.attention_sinks or self.sliding_window is not None, "attention_sinks needs a sliding_window")
         need(not self.norm_unit_offset or self.norm == "rmsnorm", "norm_unit_offset applies to rmsnorm only")
@@ -142,6 +158,8 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-decoder-mqa-alibi": ModelConfig(n_heads=4, n_kv_heads=1, position="alibi"),
     "tiny-decoder-postnorm-learned": ModelConfig(norm_layout="post", final_norm=False, position="learned"),
     "tiny-decoder-sliding": ModelConfig(sliding_window=4, norm="rmsnorm", norm_unit_offset=True),
+    "tiny-decoder-chunked": ModelConfig(attention_chunk=4, norm="rmsnorm", n_kv_heads=2),
+    "tiny-decoder-prefix-lm": ModelConfig(prefix_lm=True, position="learned"),
     "tiny-decoder-sinusoidal-shift": ModelConfig(d_model=30, n_heads=3, position="sinusoidal", token_shift=True),
     "tiny-encoder": ModelConfig(family="encoder", position="learned"),
     "tiny-encoder-postnorm": ModelConfig(family="encoder", norm_layout="post", position="sinusoidal"),

@@ -46,14 +46,18 @@ def build_attention_mask(
     key_real: Tensor | None = None,
     q_segments: Tensor | None = None,
     k_segments: Tensor | None = None,
+    q_chunks: Tensor | None = None,
+    k_chunks: Tensor | None = None,
     batch: int,
 ) -> Tensor:
-    """Combine causal, window, padding and segment masks into one ``[B, Tq, Tk]`` bool mask.
+    """Combine causal, window, chunk, padding and segment masks into one ``[B, Tq, Tk]`` bool mask.
 
     ``q_index [Tq]`` and ``k_index [Tk]`` are absolute sequence indices; ``key_real
     [B, Tk]`` is True at real keys; ``q_segments [B, Tq]`` / ``k_segments [B, Tk]`` give
     each token's packed-sequence id (block-diagonal attention when given). ``sinks``: with
     a window, keys at index < sinks stay visible (StreamingLLM's attention sinks).
+    ``q_chunks [B, Tq]`` / ``k_chunks [B, Tk]``: each token's attention chunk; a query reads
+    keys of its own chunk only.
     """
     allowed = torch.ones(q_index.numel(), k_index.numel(), dtype=torch.bool, device=q_index.device)
     distance = q_index[:, None] - k_index[None, :]  # [Tq, Tk]: how far back the key is
@@ -65,6 +69,8 @@ def build_attention_mask(
             in_window = in_window | (k_index[None, :] < sinks)  # attention sinks: the row's first tokens
         allowed = allowed & in_window
     allowed = allowed.expand(batch, -1, -1)  # [B, Tq, Tk]
+    if q_chunks is not None and k_chunks is not None:
+        allowed = allowed & (q_chunks[:, :, None] == k_chunks[:, None, :])
     if key_real is not None:
         allowed = allowed & key_real[:, None, :]
     if q_segments is not None and k_segments is not None:
@@ -93,3 +99,22 @@ def positions_from_segments(segments: Tensor) -> Tensor:
     starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
     start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values  # [B, T]
     return index - start_index
+
+
+def sequence_ordinals(real: Tensor, segments: Tensor | None = None) -> Tensor:
+    """``[B, T]``: each token's index among the real tokens of its sequence, counted from the
+    sequence's first real token (left padding does not count; with ``segments``, each
+    packed sequence counts from its own start). Padded slots repeat the previous index."""
+    if segments is not None:
+        return positions_from_segments(segments)
+    return (real.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def prefix_pairs(prefix: Tensor, real: Tensor, segments: Tensor | None = None) -> Tensor:
+    """``[B, T, T]``: the (query, key) pairs a bidirectional prefix adds to a causal mask:
+    both real tokens of the prefix (``prefix [B, T]`` True there) of one sequence."""
+    inside = prefix & real  # [B, T]
+    pairs = inside[:, :, None] & inside[:, None, :]
+    if segments is not None:
+        pairs = pairs & (segments[:, :, None] == segments[:, None, :])
+    return pairs

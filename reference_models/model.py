@@ -27,7 +27,7 @@ from .layers import (
     rotary_cos_sin,
     sinusoidal_table,
 )
-from .masks import build_attention_mask, check_padding_mask
+from .masks import build_attention_mask, check_padding_mask, prefix_pairs, sequence_ordinals
 
 IGNORE_INDEX = -100
 
@@ -199,6 +199,8 @@ class Stack(nn.Module):
         return mask
 
     def build_mask(self, q_index: Tensor, k_index: Tensor, real: Tensor, segments: Tensor | None, batch: int) -> Tensor:
+        """``[B, T, T_past + T]``; ``real [B, T_past + T]`` True at real tokens."""
+        chunks = self.chunk_ids(real, segments)  # [B, T_past + T] or None
         return build_attention_mask(
             q_index=q_index,
             k_index=k_index,
@@ -208,8 +210,22 @@ class Stack(nn.Module):
             key_real=real,
             q_segments=segments,
             k_segments=segments,
+            q_chunks=None if chunks is None else chunks[:, -q_index.numel() :],
+            k_chunks=chunks,
             batch=batch,
         )
+
+    def chunk_ids(self, real: Tensor, segments: Tensor | None) -> Tensor | None:
+        """``[B, T_past + T]``: each token's attention chunk, counted from its sequence's first
+        real token; None without chunked attention."""
+        if self.config.attention_chunk is None:
+            return None
+        return sequence_ordinals(real, segments) // self.config.attention_chunk
+
+    def with_prefix(self, mask: Tensor, prefix: Tensor, real: Tensor, segments: Tensor | None) -> Tensor:
+        """``mask [B, T, T]`` of a forward without a cache, with the tokens of each sequence's
+        bidirectional prefix (``prefix [B, T]`` True there) reading each other both ways."""
+        return mask | prefix_pairs(prefix, real, segments)
 
     def forward(
         self,
@@ -219,8 +235,11 @@ class Stack(nn.Module):
         segments: Tensor | None = None,
         cache: KVCache | None = None,
         cross: tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor] | None = None,
+        prefix: Tensor | None = None,
     ) -> tuple[Tensor, KVCache]:
-        """``padding [B, T_past + T]`` True at real tokens; ``positions [B, T]`` of the new tokens."""
+        """``real [B, T_past + T]`` True at real tokens; ``positions [B, T]`` of the new tokens;
+        ``prefix [B, T]`` True at the new tokens of a bidirectional prefix (no cache: a cached
+        forward continues after the prefix)."""
         batch, length = input_ids.shape
         past_length = 0 if cache is None else cache.length
         x, embeddings = self.embed_tokens(input_ids, positions, real, segments, cache)
@@ -230,6 +249,8 @@ class Stack(nn.Module):
         q_index = torch.arange(past_length, past_length + length, device=device)
         k_index = torch.arange(past_length + length, device=device)
         mask = self.build_mask(q_index, k_index, real, segments, batch)  # [B, T, T_past + T]
+        if prefix is not None:
+            mask = self.with_prefix(mask, prefix, real, segments)
         all_positions = positions if cache is None else torch.cat([cache.positions, positions], dim=1)
         rotary = None
         if self.config.position == "rotary":
@@ -295,6 +316,17 @@ class Transformer(nn.Module):
             raise ValueError(f"position {int(position_ids.max())} is beyond max_seq_len={self.config.max_seq_len}")
         return real, position_ids
 
+    def _prefix(self, prefix_mask: Tensor | None, input_ids: Tensor, cache: KVCache | None) -> Tensor | None:
+        """The validated prefix ``[B, T]`` (True = prefix token), or None."""
+        if prefix_mask is None:
+            return None
+        if not self.config.prefix_lm:
+            raise ValueError("prefix_mask is for a prefix LM (ModelConfig.prefix_lm=True)")
+        prefix = check_padding_mask(prefix_mask, *input_ids.shape, name="prefix_mask")
+        if cache is not None and bool(prefix.any()):
+            raise ValueError("a cached forward cannot extend a bidirectional prefix: prefill the whole prefix at once")
+        return None if cache is not None else prefix
+
     # -- forward passes -------------------------------------------------------------------
 
     def encode(
@@ -320,12 +352,14 @@ class Transformer(nn.Module):
         decoder_input_ids: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
         decoder_position_ids: Tensor | None = None,
+        prefix_mask: Tensor | None = None,
     ) -> ModelOutput:
         """Logits ``[B, T, V]`` over the predicted positions, and the cache to continue from.
 
         Encoder: MLM logits over ``input_ids``. Decoder: next-token logits. Encoder-decoder:
         ``input_ids`` is the source (ignored when ``cache`` already holds it) and the logits
-        are over ``decoder_input_ids``.
+        are over ``decoder_input_ids``. ``prefix_mask [B, T]`` (a prefix LM's decoder only):
+        1 at the tokens of each sequence's bidirectional prefix.
         """
         if self.config.family == "encoder":
             assert input_ids is not None
@@ -335,7 +369,8 @@ class Transformer(nn.Module):
         if self.config.family == "decoder":
             assert input_ids is not None
             real, position_ids = self._inputs(input_ids, attention_mask, position_ids, cache)
-            hidden, new_cache = self.decoder(input_ids, real, position_ids, segment_ids, cache)
+            prefix = self._prefix(prefix_mask, input_ids, cache)
+            hidden, new_cache = self.decoder(input_ids, real, position_ids, segment_ids, cache, prefix=prefix)
             return ModelOutput(self.lm_head(hidden), new_cache)
         if decoder_input_ids is None:
             raise ValueError("an encoder-decoder needs decoder_input_ids")

@@ -39,7 +39,10 @@ from .path_bugs import (
     llama_padding_backward_leak,
 )
 from .plain import MASK_BUGS, SERVING_BUGS, StepReadsPadding, plain_decoder
+from .chunked_hf import CHUNKED_THEN_FULL, EVERY_LAYER_CHUNKED, llama4
+from .prefix_lm import PrefillForgetsPrefix, PrefixLM, PrefixReadCausally, PrefixReachesSuffix
 from .reference_bugs import (
+    CHUNKED,
     DECODER,
     ENCODER,
     ENCODER_DECODER,
@@ -47,6 +50,8 @@ from .reference_bugs import (
     SLIDING,
     CacheAppendedTwice,
     CacheSkipsCausalMask,
+    ChunkBoundaryOffByOne,
+    ChunksAcrossPackedSequences,
     CrossFromDecoderStates,
     CrossInverted,
     CrossUnmasked,
@@ -177,6 +182,59 @@ MUTANTS: dict[str, Mutant] = {
             "llama",
             leak_next_when_padded,
         ),
+        _ref("causal_chunk_boundary_off_by_one", "causal", "declared_pattern", CHUNKED, decoder=ChunkBoundaryOffByOne),
+        *(
+            Mutant(
+                name,
+                suite,
+                check,
+                description,
+                functools.partial(llama4, layers, bug=bug),
+                functools.partial(llama4, layers),
+            )
+            for name, suite, check, layers, bug, description in (
+                (
+                    "hf_llama4_chunk_ignored",
+                    "causal",
+                    "declared_pattern",
+                    EVERY_LAYER_CHUNKED,
+                    "chunk_ignored",
+                    "Llama 4 whose every layer declares chunks of 8 and gets a plain causal mask",
+                ),
+                (
+                    "hf_llama4_mixed_chunk_ignored",
+                    "causal",
+                    "layer_windows",
+                    CHUNKED_THEN_FULL,
+                    "chunk_ignored",
+                    "Llama 4 whose chunked layer (then a full one) gets a plain causal mask",
+                ),
+                (
+                    "hf_llama4_chunks_from_column_zero",
+                    "padding",
+                    "padded_vs_unpadded",
+                    EVERY_LAYER_CHUNKED,
+                    "chunks_from_column_zero",
+                    "Llama 4 whose chunks are counted from column 0 of a left-padded row, not its first real token",
+                ),
+                (
+                    "hf_llama4_cache_reads_previous_chunk",
+                    "kv_cache",
+                    "incremental",
+                    EVERY_LAYER_CHUNKED,
+                    "cache_reads_previous_chunk",
+                    "Llama 4 whose cached decode reads every key its chunked cache retains, the previous chunk's included",
+                ),
+            )
+        ),
+        *(
+            Mutant(name, suite, check, _doc(cls), cls, PrefixLM)
+            for name, suite, check, cls in (
+                ("causal_prefix_reaches_suffix", "causal", "future_tokens", PrefixReachesSuffix),
+                ("causal_prefix_read_causally", "causal", "declared_pattern", PrefixReadCausally),
+                ("kv_cache_prefill_forgets_prefix", "kv_cache", "incremental", PrefillForgetsPrefix),
+            )
+        ),
         _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
         _ref("padding_polarity_inverted", "padding", "pad_ids", ENCODER, encoder=PolarityInverted),
         _ref("padding_mask_of_last_row", "padding", "batch_composition", DECODER, decoder=PaddingOfLastRow),
@@ -216,6 +274,13 @@ MUTANTS: dict[str, Mutant] = {
         ),
         _ref("packing_positions_not_restarted", "packing", "segments_alone", LEARNED, decoder=PositionsNotRestarted),
         _ref("packing_boundary_off_by_one", "packing", "segment_isolation", DECODER, decoder=SegmentBoundaryOffByOne),
+        _ref(
+            "packing_chunks_across_sequences",
+            "packing",
+            "segments_alone",
+            CHUNKED,
+            decoder=ChunksAcrossPackedSequences,
+        ),
         _ref("kv_cache_positions_restart", "kv_cache", "incremental", DECODER, decoder=PositionsRestartWithCache),
         _ref("kv_cache_appended_twice", "kv_cache", "incremental", DECODER, model=CacheAppendedTwice),
         _ref("kv_cache_chunk_sees_its_future", "kv_cache", "incremental", DECODER, decoder=CacheSkipsCausalMask),

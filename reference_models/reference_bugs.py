@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
-from .masks import build_attention_mask
+from .masks import build_attention_mask, sequence_ordinals
 from .model import IGNORE_INDEX, Block, ModelOutput, Stack, Transformer
 
 DECODER = ModelConfig()
@@ -21,6 +21,7 @@ LEARNED = ModelConfig(position="learned")
 ENCODER = ModelConfig(family="encoder", position="learned")
 ENCODER_DECODER = ModelConfig(family="encoder_decoder", position="sinusoidal")
 SLIDING = ModelConfig(sliding_window=3, n_layers=2)
+CHUNKED = ModelConfig(attention_chunk=4, n_layers=2)
 
 
 def seeded_reference(config: ModelConfig, **swaps: type) -> Transformer:
@@ -263,10 +264,11 @@ class PositionsNotRestarted(Stack):
         segments: Tensor | None = None,
         cache: Any = None,
         cross: Any = None,
+        prefix: Tensor | None = None,
     ) -> Any:
         if segments is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return super().forward(input_ids, real, positions, segments, cache, cross)
+        return super().forward(input_ids, real, positions, segments, cache, cross, prefix)
 
 
 class SegmentBoundaryOffByOne(Stack):
@@ -277,6 +279,24 @@ class SegmentBoundaryOffByOne(Stack):
         if segments is not None:
             segments = torch.cat([segments[:, 1:], segments[:, -1:]], dim=1)  # [B, T]
         return super().build_mask(q_index, k_index, real, segments, batch)
+
+
+class ChunkBoundaryOffByOne(Stack):
+    """Chunks start one token late (a 1-based index divided by the chunk width): the last
+    token of each chunk is grouped with the next chunk and reads it, and not its own."""
+
+    def chunk_ids(self, real: Tensor, segments: Tensor | None) -> Tensor | None:
+        assert self.config.attention_chunk is not None
+        return (sequence_ordinals(real, segments) + 1) // self.config.attention_chunk
+
+
+class ChunksAcrossPackedSequences(Stack):
+    """Chunks counted from the packed row's first token, not from each packed sequence's:
+    a sequence packed after another splits into chunks at other places than alone."""
+
+    def chunk_ids(self, real: Tensor, segments: Tensor | None) -> Tensor | None:
+        assert self.config.attention_chunk is not None
+        return sequence_ordinals(real) // self.config.attention_chunk
 
 
 # -- KV cache ---------------------------------------------------------------------------------
@@ -293,10 +313,11 @@ class PositionsRestartWithCache(Stack):
         segments: Tensor | None = None,
         cache: Any = None,
         cross: Any = None,
+        prefix: Tensor | None = None,
     ) -> Any:
         if cache is not None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return super().forward(input_ids, real, positions, segments, cache, cross)
+        return super().forward(input_ids, real, positions, segments, cache, cross, prefix)
 
 
 class CacheAppendedTwice(Transformer):

@@ -23,6 +23,8 @@ import torch
 from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
+from ..harness.adapters.layer_attention import LayerAttention
+from ..harness.adapters.prefix import prefix_first
 from ..harness.adapters.outputs import KINDS
 from ..harness.engine.batching import Evaluation, one_forward
 from ..harness.engine.cases import (
@@ -40,7 +42,7 @@ from ..harness.engine.cases import (
 from ..harness.engine.influence import expected_pattern, measure_influence
 from ..harness.engine.profiles import length_cap
 from ..harness.engine.strategies import case_strategy, short_or_long
-from ..harness.engine.suite import Check, Outcome, RunContext, Suite
+from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
 MAX_LENGTH = 16
 
@@ -116,16 +118,52 @@ def future_cases(
     return _future_case(short_or_long(2, max_length, longest), source_lengths, paddings, max(2, max_length))
 
 
+def future_prefix(case: FutureCase) -> int:
+    """A prefix LM's prefix in a future_tokens case: 1 to t + 1 tokens (t the cut), drawn by
+    the case's seed, so the ids changed after the cut all lie after the prefix (inside it,
+    the prefix reads them by design)."""
+    return 1 + case.seed % (case.cut + 1)
+
+
 def model_length(capabilities: Capabilities, cap: int) -> int:
     return max(2, min(cap, capabilities.max_length or cap))
 
 
-def pattern_length(capabilities: Capabilities) -> int:
-    """Long enough to see a sliding window cut off: its reach plus a few positions."""
+def pattern_length(capabilities: Capabilities, profile: str = "dev") -> int:
+    """Long enough to see the declared pattern end: a sliding window's reach plus a few
+    positions (at most 64), or two chunks and a few positions, up to the profile's length cap
+    (a chunk's end is seen only past it)."""
+    if capabilities.attention == "chunked" and capabilities.attention_chunk:
+        cap = length_cap(profile, capabilities.max_length) or MAX_LENGTH
+        return model_length(capabilities, min(2 * capabilities.attention_chunk + 4, cap))
     length = 12
     if capabilities.attention == "sliding_window" and capabilities.window:
         length = (capabilities.n_layers or 1) * (capabilities.window - 1) + 4
     return model_length(capabilities, min(length, 64))
+
+
+def declared_pattern_name(capabilities: Capabilities) -> str:
+    """The whole model's declared pattern with its width: what ``declared_pattern`` verifies."""
+    caps = capabilities
+    if caps.attention == "sliding_window":
+        reach = (caps.n_layers or 1) * ((caps.window or 1) - 1)
+        return f"sliding window W={caps.window} over L={caps.n_layers} layers (reach {reach})"
+    if caps.attention == "chunked":
+        return f"chunked attention C={caps.attention_chunk} in every layer"
+    if caps.attention == "prefix_lm":
+        return "prefix LM (a prefix of half the row read both ways, then causal)"
+    return str(caps.attention)
+
+
+def unseen_chunk(chunk: int, length: int, profile: str) -> str | None:
+    """Why a chunk of ``chunk`` tokens is not verified at ``length`` tokens, the longest a case
+    may have (no case sees the chunk end), or None."""
+    if chunk < length:
+        return None
+    return (
+        f"chunk C={chunk} not verified: the {profile} profile's cases are at most {length} tokens, so none sees a "
+        "chunk end (--profile thorough reaches 4096)"
+    )
 
 
 def source_batch(adapter: Adapter, batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,6 +193,7 @@ class CausalSuite(Suite):
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         caps = adapter.capabilities
         checks: list = []
+        self.verified: dict[str, str] = {}  # check name -> the pattern it verifies, once it has run
         if caps.family != "encoder":
             length = model_length(caps, MAX_LENGTH)
             room = 3 if caps.takes_attention_mask and length > 5 else 0  # for the padded slots
@@ -171,35 +210,82 @@ class CausalSuite(Suite):
                     adapter, "future_gradients", lambda case: self.future_gradients(adapter, context, case), cases
                 )
             )
-        length = pattern_length(caps)
-        strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
-        checks.append(
-            Check(
-                "declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2
-            )
-        )
-        windows = adapter.declared_layer_windows()
-        if windows:
-            # Through two layers, influence at the edge of the reach is too small to measure, and
-            # one full layer lets everything reach everything: each layer is checked on its own,
-            # at the real width of its window.
-            widest = max(w for w in windows if w is not None)
-            layer_length = model_length(caps, widest + LAYER_MARGIN)
-            layers = case_strategy(PatternCase, length=st.just(layer_length), seed=st.integers(0, 2**16))
-            checks.append(
-                Check(
-                    "layer_windows",
-                    lambda case: layer_windows(adapter, windows, case),
-                    layers,
-                    max_examples=1,
-                    on_paths=False,  # it reads the eager attention weights through hooks, on no path of a user's
-                )
-            )
+        checks.append(self.pattern_check(adapter, context))
+        layer_check = self.layer_check(adapter, context)
+        if layer_check is not None:
+            checks.append(layer_check)
         return checks
+
+    def pattern_check(self, adapter: Adapter, context: RunContext) -> Check | CheckResult:
+        """``declared_pattern``: the influence of one unpadded row, long enough to see the
+        pattern end; ``not_run`` for a chunk no case of the profile is long enough to see end."""
+        caps = adapter.capabilities
+        length = pattern_length(caps, context.profile)
+        unseen = unseen_chunk(caps.attention_chunk, length, context.profile) if caps.attention_chunk else None
+        if unseen:
+            return CheckResult("declared_pattern", "not_run", unseen)
+        self.verified["declared_pattern"] = declared_pattern_name(caps)
+        strategy = case_strategy(PatternCase, length=st.just(length), seed=st.integers(0, 2**16))
+        return Check(
+            "declared_pattern", lambda case: self.declared_pattern(adapter, context, case), strategy, max_examples=2
+        )
+
+    def layer_check(self, adapter: Adapter, context: RunContext) -> Check | CheckResult | None:
+        """``layer_windows``: each layer's measured mask against the pattern it declares, for a
+        model whose layers declare a window or a chunk. Through two layers, influence at the
+        edge of a window's reach is too small to measure, and one full layer lets everything
+        reach everything: each layer is checked on its own, at the real width of its window or
+        chunk. Where layers differ and cannot be measured (the adapter cannot show its layers'
+        attention, or a chunk is longer than any case), what is not verified says so:
+        ``not_run``, naming it."""
+        caps = adapter.capabilities
+        layers = adapter.declared_layers()
+        if not layers or all(layer.kind == "full" for layer in layers):
+            return None
+        uniform = len(set(layers)) == 1  # declared_pattern verifies the whole pattern
+        bounded = {layer for layer in layers if layer.kind != "full"}
+        cap = length_cap(context.profile, caps.max_length) or MAX_LENGTH
+        unseen = [
+            layer.describe() for layer in sorted(bounded, key=str) if layer.kind == "chunked" and layer.width >= cap
+        ]
+        if not adapter.shows_layer_attention:
+            if uniform:
+                return None
+            named = ", ".join(layer.describe() for layer in sorted(bounded, key=str))
+            return CheckResult(
+                "layer_windows",
+                "not_run",
+                f"{named} not verified: the model mixes it with full attention layers, and "
+                f"{type(adapter).__name__} cannot show its layers' attention to check each layer",
+            )
+        if unseen:
+            return CheckResult(
+                "layer_windows",
+                "not_run",
+                f"{', '.join(unseen)} not verified: the {context.profile} profile's cases are at most {cap} tokens, "
+                "so none sees a chunk end (--profile thorough reaches 4096)",
+            )
+        widest = max(layer.width for layer in bounded if layer.width is not None)
+        layer_length = model_length(caps, widest + LAYER_MARGIN)
+        self.verified["layer_windows"] = "per layer: " + ", ".join(layer.describe() for layer in layers)
+        strategy = case_strategy(PatternCase, length=st.just(layer_length), seed=st.integers(0, 2**16))
+        return Check(
+            "layer_windows",
+            lambda case: layer_windows(adapter, layers, case),
+            strategy,
+            max_examples=1,
+            on_paths=False,  # it reads the eager attention weights through hooks, on no path of a user's
+        )
+
+    def conclude(self, results: list[CheckResult]) -> None:
+        """Each pattern check that ran says what it verified, on the suite's line."""
+        for result in results:
+            if result.name in self.verified and result.status in ("pass", "warn"):
+                result.verified = self.verified[result.name]
 
     def effective_mask(self, adapter: Adapter, context: RunContext, length: int = 10) -> tuple:
         """The influence matrix of one unpadded row and the pattern the model declares."""
-        length = model_length(adapter.capabilities, max(length, pattern_length(adapter.capabilities)))
+        length = model_length(adapter.capabilities, max(length, pattern_length(adapter.capabilities, context.profile)))
         influence, expected, _ = measure_pattern(adapter, context, length, context.seed)
         return influence, expected
 
@@ -224,7 +310,10 @@ class CausalSuite(Suite):
         if adapter.capabilities.family == "encoder_decoder":
             source, source_mask = source_batch(adapter, case.batch, case.source_length, case.seed)
             return Batch(source, source_mask, decoder_input_ids=ids, decoder_attention_mask=row_mask)
-        return Batch(ids, row_mask, positions_for(adapter, mask) if case.padding else None)
+        prefix = None
+        if adapter.capabilities.attention == "prefix_lm":
+            prefix = prefix_first([future_prefix(case)] * case.batch, mask).long()
+        return Batch(ids, row_mask, positions_for(adapter, mask) if case.padding else None, prefix_mask=prefix)
 
     def future_batches(self, adapter: Adapter, case: FutureCase) -> tuple[Batch, Batch, torch.Tensor, torch.Tensor]:
         """The case's rows and the rows with later ids changed, the protected positions
@@ -243,6 +332,8 @@ class CausalSuite(Suite):
     def future_tokens(self, adapter: Adapter, context: RunContext, case: FutureCase) -> Evaluation:
         base, test, protected, mask = self.future_batches(adapter, case)
         padded = f" in {case.side}-padded rows" if case.padding else ""
+        if base.prefix_mask is not None:
+            padded += f" with a bidirectional prefix of {future_prefix(case)} token(s)"
         what = f"changing {'ids after' if case.suffix else 'one id after'} position {case.cut}{padded} changed logits at positions <= {case.cut}"
         logits = yield from one_forward(adapter, [base, test])  # [2B, T, V]
         changed = yield from same_shape_outcome(adapter, context, base, test, protected, what, first=logits)
@@ -307,18 +398,22 @@ def measure_pattern(adapter: Adapter, context: RunContext, length: int, seed: in
         source, source_mask = source_batch(adapter, 1, 4, seed)
         row, pattern = Batch(source, source_mask, decoder_input_ids=ids), "causal"
     else:
-        row = Batch(ids)
-        pattern = caps.attention if caps.attention in ("causal", "bidirectional", "sliding_window") else "causal"
+        row, pattern = Batch(ids), caps.attention
+    prefix = length // 2 if pattern == "prefix_lm" else 0
+    if prefix:
+        row.prefix_mask = prefix_first([prefix], torch.ones_like(ids)).long()
     influence = measure_influence(adapter, context, row, seed, decoder_side)
-    return influence, expected_pattern(length, pattern, caps.window, caps.n_layers), pattern
+    expected = expected_pattern(length, pattern, caps.window, caps.n_layers, caps.attention_chunk, prefix)
+    return influence, expected, pattern
 
 
 LAYER_MARGIN = 8  # queries past the widest window, so its edge is seen from several rows
 
 
-def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCase) -> Outcome:
-    """Each layer's measured mask against its declared type: a sliding window ``W`` lets query
-    ``q`` read keys ``q - W < k <= q``; a full layer every ``k <= q``."""
+def layer_windows(adapter: Adapter, declared: tuple[LayerAttention, ...], case: PatternCase) -> Outcome:
+    """Each layer's measured mask against its declared pattern (harness/adapters/layer_attention.py):
+    a sliding window ``W`` lets query ``q`` read keys ``q - W < k <= q``, a chunk ``C`` the keys
+    ``k <= q`` of ``q``'s own chunk, a full layer every ``k <= q``."""
     caps = adapter.capabilities
     ids = random_ids(case.seed, (1, case.length), caps.vocab_size, pad_token(adapter), caps.device)
     measured = adapter.layer_attention_masks(ids)
@@ -328,19 +423,35 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
         )
     distance = torch.arange(case.length)[:, None] - torch.arange(case.length)[None, :]  # [T, T]: q - k
     wrong, off_by = [], 0  # off_by: the most positions a layer's reach is off its declared reach
-    for layer, (mask, window) in enumerate(zip(measured, declared)):
-        expected = (distance >= 0) & (distance < window if window is not None else True)
+    for index, (mask, layer) in enumerate(zip(measured, declared)):
+        expected = layer.allowed(case.length)
         declared_reach = int(distance[expected].max())
         reach = int(distance[mask].max()) if mask.any() else 0
-        kind = f"sliding window W={window}" if window is not None else "full attention"
-        leaks = mask & ~expected
+        leaks, unread = mask & ~expected, expected & ~mask
+        if leaks.any() and layer.kind == "chunked":
+            assert layer.width is not None
+            chunk_start = torch.arange(case.length)[:, None] // layer.width * layer.width  # [T, 1]
+            outside = int((chunk_start - torch.arange(case.length)[None, :])[leaks].max())  # keys before the chunk
+            wrong.append(
+                f"layer {index} ({layer.describe()}) reads keys up to {outside} positions before its query's chunk, "
+                f"e.g. [query, key] {leaks.nonzero()[:3].tolist()}"
+            )
+            off_by = max(off_by, outside)
+            continue
         if leaks.any():
             wrong.append(
-                f"layer {layer} ({kind}) reads keys up to {reach} positions back, e.g. [query, key] {leaks.nonzero()[:3].tolist()}"
+                f"layer {index} ({layer.describe()}) reads keys up to {reach} positions back, e.g. [query, key] "
+                f"{leaks.nonzero()[:3].tolist()}"
             )
-        elif (expected & ~mask).any():
+        elif unread.any() and layer.kind == "chunked":
             wrong.append(
-                f"layer {layer} ({kind}) reads only {reach} positions back, {declared_reach} declared (length {case.length})"
+                f"layer {index} ({layer.describe()}) does not read keys of its query's chunk, e.g. [query, key] "
+                f"{unread.nonzero()[:3].tolist()}"
+            )
+        elif unread.any():
+            wrong.append(
+                f"layer {index} ({layer.describe()}) reads only {reach} positions back, {declared_reach} declared "
+                f"(length {case.length})"
             )
         else:
             continue
@@ -351,7 +462,7 @@ def layer_windows(adapter: Adapter, declared: list[int | None], case: PatternCas
             float(off_by),
             0.0,
             0.0,
-            message=f"a layer's mask differs from its declared type: {'; '.join(wrong)}",
+            message=f"a layer's mask differs from its declared pattern: {'; '.join(wrong)}",
         )
     return Outcome("pass")
 
@@ -369,11 +480,7 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
     measured = influence.measured
     leaks = measured & ~expected
     detail = {"influence": influence.diff.tolist(), "expected": expected.tolist(), "threshold": influence.threshold}
-    described = (
-        pattern
-        if pattern != "sliding_window"
-        else f"sliding window W={caps.window} over L={caps.n_layers} layers (reach {(caps.n_layers or 1) * ((caps.window or 1) - 1)})"
-    )
+    described = declared_pattern_name(caps) if pattern == caps.attention else pattern
     if leaks.any():
         cells = leaks.nonzero().tolist()
         worst = float(influence.diff[leaks].max())
@@ -392,9 +499,17 @@ def judge_pattern(influence, expected: torch.Tensor, pattern: str, caps: Capabil
         message = "declared bidirectional, but no output is influenced by any later input: the model behaves causally"
         return Outcome("fail", 0.0, influence.floor, influence.threshold, [], message, detail)
     allowed_diff = float(influence.diff[expected & influence.outputs[:, None]].max()) if expected.any() else 0.0
-    if missing.any() and pattern == "bidirectional":
+    if pattern == "prefix_lm":
+        in_prefix = expected & strictly_future  # [output, input]: a prefix position and a later one in the prefix
+        if in_prefix.any() and missing[in_prefix].all():
+            message = (
+                "declared a prefix LM, but no position of the prefix is influenced by a later one in it: "
+                "the prefix is read causally, not both ways"
+            )
+            return Outcome("fail", 0.0, influence.floor, influence.threshold, [], message, detail)
+    if missing.any() and pattern in ("bidirectional", "prefix_lm"):
         cells = missing.nonzero().tolist()
-        message = f"declared bidirectional, but {len(cells)} output/input pairs show no influence (first {cells[:4]})"
+        message = f"declared {described}, but {len(cells)} output/input pairs show no influence (first {cells[:4]})"
         return Outcome("warn", allowed_diff, influence.floor, influence.threshold, [], message, detail)
     distance = torch.arange(expected.shape[0])[:, None] - torch.arange(expected.shape[0])[None, :]  # [T, T]: out - in
     reach = int(distance[measured].max()) if measured.any() else 0

@@ -28,7 +28,9 @@ Checks (decoders and encoder-decoders that declare a cache)
   prepares its inputs; it is weaker than the two above (both sides share every padding and
   input-preparation bug), which is why they run wherever they can.
 
-Cases cover what a sliding window needs: prompts and continuations longer than the window.
+Cases cover what a sliding window or a chunk needs: prompts and continuations longer than
+the window or the chunk, and for chunked attention prefills that end just inside a chunk, at
+its end and just past it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.adapters.errors import LogitsShapeError
+from ..harness.adapters.layer_attention import chunk_of
+from ..harness.adapters.prefix import PREFIX_TOKENS
 from ..harness.engine.batching import Evaluation, Greedy, Logits
 from ..harness.engine.cases import (
     RowBatches,
@@ -83,16 +87,33 @@ class GenerationCase:
 
 
 def longest_prompt(capabilities: Capabilities, profile: str = "dev") -> tuple[int, int]:
-    """A short prompt's longest (long enough to outgrow a sliding window) and a long one's
-    (the profile's cache cap less the chunks decoded after it), within the model's positions."""
-    longest = 8 if not capabilities.window else max(8, capabilities.window + 2)
+    """A short prompt's longest (long enough to outgrow a sliding window or a chunk) and a
+    long one's (the profile's cache cap less the chunks decoded after it), within the model's
+    positions."""
+    span = capabilities.window or declared_chunk(capabilities)
+    longest = 8 if not span else max(8, span + 2)
     room = length_cap(profile, capabilities.max_length or 64, cached=True) - MAX_CHUNK * MAX_CHUNKS
     short = max(1, min(longest, room))
     return short, max(short, room)
 
 
+def declared_chunk(capabilities: Capabilities) -> int | None:
+    """The attention chunk of the model, or of its chunked layers."""
+    return capabilities.attention_chunk or chunk_of(capabilities.layers)
+
+
 def prompt_lengths(capabilities: Capabilities, profile: str) -> st.SearchStrategy[int]:
-    return short_or_long(1, *longest_prompt(capabilities, profile))
+    """Drawn up to :func:`longest_prompt`; a model with chunked attention also draws prefills
+    that end one token inside a chunk, at its end and one token into the next, so the steps
+    after them cross a chunk's boundary at each offset the cache must keep apart. A prefix
+    LM's prompts hold the whole default prefix (harness/adapters/prefix.py): a prefill may
+    not split a prefix, since the prefix's first tokens would then have to read later ones
+    that the cache has not seen."""
+    short, long = longest_prompt(capabilities, profile)
+    lengths = short_or_long(PREFIX_TOKENS if capabilities.attention == "prefix_lm" else 1, short, long)
+    chunk = declared_chunk(capabilities)
+    boundaries = sorted({n for n in (chunk - 1, chunk, chunk + 1) if 1 <= n <= long} if chunk else set())
+    return st.one_of(lengths, st.sampled_from(boundaries)) if boundaries else lengths
 
 
 def source_paddings(capabilities: Capabilities) -> st.SearchStrategy[int]:

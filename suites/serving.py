@@ -23,8 +23,10 @@ model's ``KVCache``) and compares with a fresh computation of what the user aske
   prompt cache) and continued with two suffixes, one copy continued again after the other:
   each equals its fresh decode (same-shape rule), so continuing one copy changed nothing of
   the other.
-- ``window_eviction``: decoding far past a sliding window, one cache step at a time, equals
-  the full forward; then a rollback across the window's edge and new tokens equal it too.
+- ``window_eviction``: decoding far past a sliding window or an attention chunk (whose cache
+  keeps the last C - 1 keys as a window of C does, its mask hiding the previous chunk's),
+  one cache step at a time, equals the full forward; then a rollback across the window's
+  edge and new tokens equal it too.
 - ``static_cache``: the same decode with the static cache (``cache_implementation="static"``)
   equals the full forward, and a static cache reused by a second request (as a second
   ``generate()`` call reuses it) gives that request's fresh logits.
@@ -48,6 +50,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities, ServingUnsupported
+from ..harness.adapters.layer_attention import LayerAttention, smallest_span
 from ..harness.adapters.memo import forward_memo, module_tensors
 from ..harness.adapters.serving import ROW_OPERATIONS
 from ..harness.engine.batching import Evaluation
@@ -427,23 +430,33 @@ class ServingSuite(Suite):
         return other if other.status != "pass" or other.ratio >= one.ratio else one
 
     @staticmethod
-    def smallest_window(adapter: Adapter) -> int | None:
-        """The model's window, or its layers' smallest (hybrids slide on some layers only)."""
-        windows = [w for w in (adapter.declared_layer_windows() or []) if w]
-        return adapter.capabilities.window or (min(windows) if windows else None)
+    def evicting_layer(adapter: Adapter) -> LayerAttention | None:
+        """The layer whose cache keeps the fewest keys: the model's window or chunk, or its
+        layers' smallest (hybrids slide or chunk on some layers only). A chunked layer's
+        cache keeps its last C - 1 keys as a sliding one of width C does; only its mask
+        differs (the previous chunk's keys it retains are hidden)."""
+        caps = adapter.capabilities
+        if caps.attention == "sliding_window" and caps.window:
+            return LayerAttention("sliding", caps.window)
+        if caps.attention == "chunked" and caps.attention_chunk:
+            return LayerAttention("chunked", caps.attention_chunk)
+        return smallest_span(adapter.declared_layers())
 
     def eviction_check(self, b: ServingBatches, context: RunContext, rollback: str | None) -> Any:
-        window = self.smallest_window(b.adapter)
-        if window is None:
+        layer = self.evicting_layer(b.adapter)
+        if layer is None or layer.width is None:
             return CheckResult(
-                "window_eviction", "not_applicable", "the model declares no sliding window, so its cache evicts nothing"
+                "window_eviction",
+                "not_applicable",
+                "the model declares no sliding window or attention chunk, so its cache evicts nothing",
             )
+        window, span = layer.width, layer.describe()
         room = (b.caps.max_length or 4 * window + 64) - 2 * window - MAX_CHUNK
         if room < 1:
             return CheckResult(
                 "window_eviction",
                 "not_applicable",
-                f"the model's {b.caps.max_length} positions leave no room to decode past twice its window of {window}",
+                f"the model's {b.caps.max_length} positions leave no room to decode past twice its {span}",
             )
         budget = CACHE_LENGTH_CAPS.get(context.profile, CACHE_LENGTH_CAPS["dev"])
         if 2 * window + 2 * MAX_CHUNK > budget:
@@ -451,7 +464,7 @@ class ServingSuite(Suite):
             return CheckResult(
                 "window_eviction",
                 "not_run",
-                f"decoding past twice the window of {window} takes {2 * window + 2 * MAX_CHUNK} cached tokens, "
+                f"decoding past twice the {span} takes {2 * window + 2 * MAX_CHUNK} cached tokens, "
                 f"over the {context.profile} profile's {budget}; --profile thorough decodes "
                 f"{CACHE_LENGTH_CAPS['thorough']}",
             )
@@ -472,8 +485,9 @@ class ServingSuite(Suite):
         )
 
     def eviction(self, b: ServingBatches, context: RunContext, case: EvictionCase, rollback: str | None) -> Evaluation:
-        window = self.smallest_window(b.adapter)
-        assert window is not None
+        layer = self.evicting_layer(b.adapter)
+        assert layer is not None and layer.width is not None
+        window, span = layer.width, layer.describe()
         _, prompt = b.prompt([case.prompt], case.seed, 0)
         decoded_count = 2 * window + case.past_window - case.prompt
         later = b.tokens(1, decoded_count, case.seed + 17)
@@ -482,13 +496,13 @@ class ServingSuite(Suite):
         cached, _ = decoded(b.adapter, state, later, sizes)
         full = b.appended(prompt, later)
         what = (
-            f"decoding {decoded_count} token(s) past a prompt of {case.prompt}, beyond twice the window of "
-            f"{window}, differs from the full forward"
+            f"decoding {decoded_count} token(s) past a prompt of {case.prompt}, beyond twice the "
+            f"{span}, differs from the full forward"
         )
         outcome = yield from against_full_forward(b, context, full, cached, what)
         if outcome.status != "pass" or rollback is not None:  # no rollback to check: said in the message
             if outcome.status == "pass":
-                outcome.message = f"rollback across the window's edge not checked: {rollback}"
+                outcome.message = f"rollback across the {span}'s edge not checked: {rollback}"
             return outcome
         rejected = min(case.rejected, decoded_count)
         new = b.tokens(1, case.new_tokens, case.seed + 23)
@@ -497,7 +511,7 @@ class ServingSuite(Suite):
         state = b.adapter.rollback(state, rejected)
         after, _ = decoded(b.adapter, state, new, steps(case.new_tokens, case.seed + 1))
         what = (
-            f"after decoding {decoded_count} token(s) past the window of {window} and rolling back {rejected} "
+            f"after decoding {decoded_count} token(s) past the {span} and rolling back {rejected} "
             "across its edge, the next tokens differ from the full forward"
         )
         return (

@@ -182,7 +182,7 @@ def windowed(config_class: str, attn: str, **window: object) -> object:
 )
 def test_each_layer_keeps_its_declared_window_at_real_width(config_class: str, attn: str, window: dict) -> None:
     adapter = HFAdapter(windowed(config_class, attn, **window))
-    declared = adapter.declared_layer_windows()
+    declared = [layer.width for layer in adapter.declared_layers()]
     assert declared == ([4096, 4096] if config_class == "MistralConfig" else [300, None])
     check = next(c for c in audit(adapter, ["causal"]).suite("causal").checks if c.name == "layer_windows")
     assert check.status == "pass", check.message
@@ -202,10 +202,11 @@ def test_a_window_no_layer_uses_declares_no_per_layer_check() -> None:
     window to verify: no layer_windows check, no error."""
     from types import SimpleNamespace
 
-    from maskcheck.harness.adapters.hf_probes import declared_layer_windows
+    from maskcheck.harness.adapters.hf_probes import declared_layers
+    from maskcheck.harness.adapters.layer_attention import LayerAttention
 
     config = windowed("MistralConfig", "sdpa", sliding_window=8, max_position_embeddings=64).config
-    assert declared_layer_windows(config) == [8, 8]
+    assert declared_layers(config) == (LayerAttention("sliding", 8),) * 2
     config.layer_types = ["full_attention", "full_attention"]
-    assert declared_layer_windows(config) is None
-    assert declared_layer_windows(SimpleNamespace(sliding_window=None)) is None
+    assert declared_layers(config) is None
+    assert declared_layers(SimpleNamespace(sliding_window=None)) is None

@@ -20,6 +20,8 @@ from torch import Tensor
 
 from .errors import AdapterError, ModelRaised, check_logits
 from .gradient_calls import GradientCalls
+from .layer_attention import LayerAttention
+from .prefix import default_prefix
 from .memo import ForwardMemo, MemoisedCalls, forward_memo, memo_storing
 from .outputs import OutputKind, vocabulary
 from .paths import (
@@ -78,6 +80,12 @@ class Capabilities:
     # A sliding window's width W counts the token itself: a query reads itself and the
     # W - 1 keys before it (Mistral's and PyTorch's convention); W=1 reads only itself.
     window: int | None = None
+    # A chunk's width C, for attention="chunked": every layer reads the keys at or before a
+    # query within its own chunk of C tokens (harness/adapters/layer_attention.py).
+    attention_chunk: int | None = None
+    # Per layer, the pattern it declares, where layers differ (sliding then full, chunked
+    # then full); None: every layer follows ``attention``.
+    layers: tuple[LayerAttention, ...] | None = None
     n_layers: int | None = None
     norm_layout: str | None = None
     position_scheme: str | None = None
@@ -93,6 +101,10 @@ class Capabilities:
             object.__setattr__(self, "attention", "bidirectional" if self.family == "encoder" else "causal")
         if self.output is None:
             object.__setattr__(self, "output", vocabulary(self.vocab_size))
+        if self.attention == "chunked" and not self.attention_chunk:
+            raise ValueError("attention='chunked' needs attention_chunk, the chunk's width in tokens")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))
         if self.padding_side not in (None, "left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
 
@@ -145,6 +157,9 @@ class Batch:
     segment_ids: Tensor | None = None  # 0, 1, 2 ... per packed sequence; -1 for padding
     decoder_input_ids: Tensor | None = None
     decoder_attention_mask: Tensor | None = None
+    # A prefix LM's bidirectional prefix, 1 at its tokens (harness/adapters/prefix.py); None:
+    # the audit's default prefix, for a model that declares attention="prefix_lm".
+    prefix_mask: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -161,6 +176,14 @@ class Batch:
     @property
     def predicted_mask(self) -> Tensor | None:
         return self.attention_mask if self.decoder_input_ids is None else self.decoder_attention_mask
+
+    @property
+    def prefix(self) -> Tensor:
+        """``[B, T]`` bool: the prefix the model is given, the default where none is set."""
+        if self.prefix_mask is not None:
+            return self.prefix_mask.bool()
+        mask = self.attention_mask if self.attention_mask is not None else torch.ones_like(self.input_ids)
+        return default_prefix(mask.bool(), self.segment_ids)
 
     @property
     def predicted_real(self) -> Tensor:
@@ -408,10 +431,13 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
         )
         return [(PackingSetting(packing, inputs), self)]
 
-    def declared_layer_windows(self) -> list[int | None] | None:
-        """Per layer, the sliding window it declares (None: full attention), or None when the
-        adapter cannot tell layers apart."""
-        return None
+    def declared_layers(self) -> tuple[LayerAttention, ...] | None:
+        """Per layer, the pattern it declares (:attr:`Capabilities.layers`), or None when every
+        layer follows the model's one pattern."""
+        return self.capabilities.layers
+
+    #: whether :meth:`layer_attention_masks` can measure each layer's attention
+    shows_layer_attention = False
 
     def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
         """Per layer, ``[T, T]`` True where some head of that layer gives a query's attention to

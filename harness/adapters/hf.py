@@ -38,7 +38,7 @@ from .base import (
 )
 from .generation import GenerationPath, GenerationState, drives_generation
 from .hf_loading import HFLoadError, LoadingInfo, Task, family_of, infer_task
-from .hf_probes import check_logit_rows, declared_attention, declared_layer_windows, position_offset, returns_loss
+from .hf_probes import check_logit_rows, declared_attention, declared_layers, position_offset, returns_loss
 from .memo import plain_values
 from .outputs import OUTPUT_NAMES, OutputKind, measure_output, read_output, vocabulary
 from .peft_models import is_peft_model, unwrap_peft
@@ -160,7 +160,7 @@ class HFAdapter(Adapter):
         config = model.config
         parameter = next(model.parameters())
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        attention, window = declared_attention(config, family)
+        attention, width = declared_attention(config, family)
         return Capabilities(
             family=family,  # type: ignore[arg-type]
             vocab_size=vocab_size,
@@ -188,7 +188,10 @@ class HFAdapter(Adapter):
             max_length=getattr(text_config, "max_position_embeddings", None)
             or getattr(text_config, "n_positions", None),
             attention=attention,  # type: ignore[arg-type]
-            window=window,
+            window=width if attention == "sliding_window" else None,
+            attention_chunk=width if attention == "chunked" else None,
+            # The layers are told apart (and measured one by one) in causal LMs.
+            layers=declared_layers(config) if self.task == "causal-lm" else None,
             n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
             device=_input_device(model, parameter),
             dtype=str(parameter.dtype).removeprefix("torch."),
@@ -263,8 +266,7 @@ class HFAdapter(Adapter):
             variant.generation = None  # only logits are asked of a variant
             yield name, variant
 
-    def declared_layer_windows(self) -> list[int | None] | None:
-        return declared_layer_windows(self.model.config) if self.task == "causal-lm" else None
+    shows_layer_attention = True
 
     def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
         """The eager implementation's attention weights, layer by layer: a key a query may not

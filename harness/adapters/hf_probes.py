@@ -1,4 +1,4 @@
-"""What a Hugging Face model declares (its attention pattern, per-layer windows) and what
+"""What a Hugging Face model declares (its attention pattern, per-layer windows and chunks) and what
 calling it once shows (where its positions start, whether it returns a loss, whether its
 logits have a row per token): read once, when the adapter is built."""
 
@@ -10,45 +10,66 @@ import torch
 from torch import Tensor
 
 from .hf_loading import HFLoadError
+from .layer_attention import LayerAttention
 from .outputs import read_output
 
 
-def declared_layer_windows(config: Any) -> list[int | None] | None:
-    """Per layer, the sliding window the config declares (None: full attention); None when
-    no layer declares one or a layer's type is neither (chunked attention, ...)."""
-    pattern, window = declared_attention(config, "decoder", every_layer=False)
-    if pattern != "sliding_window":
-        return None
+#: transformers' layer types with a pattern maskcheck verifies, and the kind each declares
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
+
+
+def declared_layers(config: Any) -> tuple[LayerAttention, ...] | None:
+    """Per layer, the pattern the config declares (``layer_types``; without them, every layer
+    slides when a window is declared, else every layer is chunked when a chunk is: the order
+    transformers' mask builder reads them in). None where every layer is full, or where a
+    layer's type is one maskcheck does not verify (linear attention, compressed attention ...)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    types = getattr(text, "layer_types", None) or ["sliding_attention"] * (layers or 0)
-    kinds = {"sliding_attention": window, "full_attention": None}
-    if not types or any(kind not in kinds for kind in types) or "sliding_attention" not in types:
+    widths = {"full": None, "sliding": _declared_window(config), "chunked": _declared_chunk(text)}
+    layers = getattr(text, "num_hidden_layers", None) or 0
+    types = getattr(text, "layer_types", None)
+    if not types:
+        kind = "sliding" if widths["sliding"] else "chunked" if widths["chunked"] else None
+        return tuple(LayerAttention(kind, widths[kind]) for _ in range(layers)) if kind and layers else None
+    kinds = [LAYER_TYPES.get(kind) for kind in types]
+    if any(kind is None or (kind != "full" and not widths[kind]) for kind in kinds) or set(kinds) == {"full"}:
         return None
-    return [kinds[kind] for kind in types]
+    return tuple(LayerAttention(kind, widths[kind]) for kind in kinds)  # type: ignore[arg-type]
 
 
-def declared_attention(config: Any, family: str, every_layer: bool = True) -> tuple[str, int | None]:
-    """The attention pattern a config declares: ``(pattern, window)``.
-
-    A ``sliding_window`` counts only when the config class knows the field (a Llama
-    config accepts any keyword and ignores it), when ``use_sliding_window`` does not
-    switch it off, and when every layer uses it (``layer_types``): a single full
-    attention layer lets influence reach back to the start.
-    """
+def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
+    """The attention pattern a config declares for the whole model: ``(pattern, width)``,
+    ``width`` the window or the chunk. A pattern counts only when every layer declares it
+    (:func:`declared_layers`): a single full attention layer lets influence reach back to the
+    start, and the layers are then checked one by one."""
     if family == "encoder":
         return "bidirectional", None
+    kinds = {(layer.kind, layer.width) for layer in declared_layers(config) or ()}
+    if len(kinds) == 1:
+        kind, width = kinds.pop()
+        return {"sliding": "sliding_window", "chunked": "chunked"}[kind], width
+    return "causal", None
+
+
+def _declared_window(config: Any) -> int | None:
+    """The sliding window, where the config class knows the field (a Llama config accepts
+    any keyword and ignores it) and ``use_sliding_window`` does not switch it off."""
     window = getattr(config, "sliding_window", None)
+    if not window or not _knows(config, "sliding_window") or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def _declared_chunk(config: Any) -> int | None:
+    """``attention_chunk_size``, where the config class knows the field."""
+    chunk = getattr(config, "attention_chunk_size", None)
+    return int(chunk) if chunk and _knows(config, "attention_chunk_size") else None
+
+
+def _knows(config: Any, field: str) -> bool:
     try:
-        known = "sliding_window" in type(config)().to_dict()
+        return field in type(config)().to_dict()
     except Exception:  # some configs cannot be built without arguments
-        known = False
-    if not window or not known or getattr(config, "use_sliding_window", True) is False:
-        return "causal", None
-    layer_types = getattr(config, "layer_types", None)
-    if every_layer and layer_types and any(kind != "sliding_attention" for kind in layer_types):
-        return "causal", None
-    return "sliding_window", int(window)
+        return False
 
 
 def position_offset(model: Any, task: str, vocab_size: int) -> int:

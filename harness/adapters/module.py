@@ -88,6 +88,7 @@ from .attention_matrix import SHAPES, buildable, row_matrix
 from .base import Adapter, AdapterError, Batch, Capabilities, ForwardKeywords, ServingUnsupported, call_model
 from .errors import ModelRaised
 from .outputs import measure_output, read_output
+from .prefix import PREFIX_FORMS, as_model_input
 
 MaskConvention = Literal["keep", "ignore"]
 #: the forward parameters read as a padding mask, in the order they are looked for
@@ -169,6 +170,8 @@ class ModuleAdapter(Adapter):
         spec: str = "<module>",
         output_kind: str | None = None,
         output_name: str | None = None,
+        prefix_keyword: str | None = None,
+        prefix_form: str = "mask",
     ) -> None:
         if mask_convention not in (None, "keep", "ignore"):
             raise DeclarationError(
@@ -178,6 +181,10 @@ class ModuleAdapter(Adapter):
             raise DeclarationError("has_loss=True needs loss_fn(logits, labels)")
         keywords = ForwardKeywords.of(model)
         self._check_declared_positions(capabilities, keywords)
+        #: the forward (and prefill) keyword that takes a prefix LM's prefix, in :attr:`prefix_form`
+        self.prefix_keyword, self.prefix_form = self._declared_prefix(
+            capabilities, keywords, prefix_keyword, prefix_form
+        )
         self.mask_keyword = find_mask_keyword(model, mask_keyword) if capabilities.takes_attention_mask else None
         parameters = forward_parameters(model)
         mask_parameter = parameters.get(self.mask_keyword or "")
@@ -249,6 +256,32 @@ class ModuleAdapter(Adapter):
         except AdapterError as exc:
             raise DeclarationError(str(exc)) from None
         self.capabilities = replace(caps, output=kind)
+
+    @staticmethod
+    def _declared_prefix(
+        capabilities: Capabilities, keywords: ForwardKeywords, keyword: str | None, form: str
+    ) -> tuple[str | None, str]:
+        """The prefix keyword and form a prefix LM declares (harness/adapters/prefix.py), checked
+        against its forward; (None, form) for any other model."""
+        if capabilities.attention != "prefix_lm":
+            return None, form
+        if keyword is None:
+            raise DeclarationError(
+                "attention='prefix_lm' needs maskcheck_prefix_keyword, the forward parameter that takes the prefix "
+                f"(and maskcheck_prefix_form, one of {', '.join(PREFIX_FORMS)})"
+            )
+        if form not in PREFIX_FORMS:
+            raise DeclarationError(f"maskcheck_prefix_form must be one of {', '.join(PREFIX_FORMS)}, got {form!r}")
+        if not keywords.accepts(keyword):
+            raise DeclarationError(
+                f"maskcheck_prefix_keyword={keyword!r}, but the forward takes no {keyword!r} parameter"
+            )
+        if form == "lengths" and capabilities.packing is not None:
+            raise DeclarationError(
+                "a prefix given as lengths marks one prefix per row, so packed rows cannot carry each sequence's: "
+                "declare maskcheck_prefix_form = 'mask' or 'token_type_ids', or no packing"
+            )
+        return keyword, form
 
     @classmethod
     def _check_declared_positions(cls, capabilities: Capabilities, keywords: ForwardKeywords) -> None:
@@ -470,7 +503,14 @@ class ModuleAdapter(Adapter):
             keywords[self.position_keyword] = positions
         if packed is not None and not in_matrix:
             keywords["segment_ids"] = packed
+        keywords.update(self._prefix_keywords(batch))
         return keywords
+
+    def _prefix_keywords(self, batch: Batch) -> dict[str, Tensor]:
+        """A prefix LM's prefix, as its forward and prefill take it (none for other models)."""
+        if self.prefix_keyword is None:
+            return {}
+        return {self.prefix_keyword: as_model_input(batch.prefix, self.prefix_form)}
 
     def _logits(self, batch: Batch) -> Tensor:
         return self._call(batch.input_ids, self._keywords(batch))
@@ -517,7 +557,9 @@ class ModuleAdapter(Adapter):
         mask = batch.attention_mask if batch.attention_mask is not None else torch.ones_like(batch.input_ids)
         prefill = self.model.prefill  # type: ignore[attr-defined]
         reused = {} if cache is None else {"cache": cache}
-        logits, cache = call_model(prefill, batch.input_ids, *self._mask_arguments(mask), **reused)
+        logits, cache = call_model(
+            prefill, batch.input_ids, *self._mask_arguments(mask), **reused, **self._prefix_keywords(batch)
+        )
         return _logits_of(logits), ModuleState(cache, mask)
 
     def _step(self, state: Any, tokens: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Any]:

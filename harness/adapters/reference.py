@@ -49,6 +49,10 @@ class ReferenceAdapter(Adapter):
         attention = "bidirectional" if config.family == "encoder" else "causal"
         if config.sliding_window is not None:
             attention = "sliding_window"
+        if config.attention_chunk is not None:
+            attention = "chunked"
+        if config.prefix_lm:
+            attention = "prefix_lm"
         capabilities = Capabilities(
             family=config.family,
             vocab_size=config.vocab_size,
@@ -62,6 +66,7 @@ class ReferenceAdapter(Adapter):
             max_length=config.max_seq_len,
             attention=attention,
             window=config.sliding_window,
+            attention_chunk=config.attention_chunk,
             n_layers=config.n_layers,
             norm_layout=config.norm_layout,
             position_scheme=config.position,
@@ -124,7 +129,8 @@ class ReferenceAdapter(Adapter):
         model: Transformer = self.model
         positions = self._positions(batch.input_ids, batch.attention_mask, batch.position_ids, batch.segment_ids)
         if model.config.family != "encoder_decoder":
-            return model(batch.input_ids, batch.attention_mask, positions, batch.segment_ids)
+            prefix = batch.prefix if model.config.prefix_lm else None
+            return model(batch.input_ids, batch.attention_mask, positions, batch.segment_ids, prefix_mask=prefix)
         decoder_positions = None
         if batch.decoder_attention_mask is not None:
             decoder_positions = positions_from_mask(batch.decoder_attention_mask)

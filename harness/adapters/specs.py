@@ -159,6 +159,8 @@ def adapter_for(
                 spec=spec,
                 output_kind=getattr(model, "maskcheck_output_kind", None),  # None: measured
                 output_name=getattr(model, "maskcheck_output_name", None),  # None: read by name
+                prefix_keyword=getattr(model, "maskcheck_prefix_keyword", None),  # a prefix LM's
+                prefix_form=getattr(model, "maskcheck_prefix_form", "mask"),
             )
         except ValueError as exc:  # a declaration the module contradicts, or a polarity it does not show
             raise SpecError(f"{spec}: {exc}") from None

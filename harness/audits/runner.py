@@ -245,7 +245,7 @@ def audit(
         suite_result = run_suite(suite, adapter, suite_context)
         apply_known_findings(adapter.spec, [suite_result], known_findings)
         apply_conventions(result.adapter.get("architecture"), [suite_result], disabled_conventions)
-        licence_extension(suite, suite_result, context, result.environment)
+        licence_extension(suite, suite_result, context, result.environment, adapter.capabilities.attention)
         result.suites.append(suite_result)
         result.pending.remove(name)
         if progress:
@@ -323,20 +323,26 @@ def batching_gate(
     )
 
 
-def licence_extension(suite: Any, result: SuiteResult, context: RunContext, environment: dict[str, Any]) -> None:
+def licence_extension(
+    suite: Any, result: SuiteResult, context: RunContext, environment: dict[str, Any], attention: str | None = None
+) -> None:
     """After a suite with an ``extension_gate``, where cases share forwards: whether the
     suites after it may stack unpadded rows of other lengths, each extended with later
     tokens (harness/engine/batching.py), set on ``context`` and said on the report's
     batching line. Only when every check of the gate passed, on every path it ran: a row's
     own logits are then the first positions of the longer row's, up to the noise of the
-    longer forward, which the shape-changing rule allows wherever rows are stacked."""
+    longer forward, which the shape-changing rule allows wherever rows are stacked. Never
+    for a prefix LM (``attention``): its prefix reads what follows it by design, and a longer
+    row's default prefix is longer (harness/adapters/prefix.py)."""
     if not (context.batch_cases and suite.extension_gate):
         return
     gate = {name: f"{suite.name}/{name}" for name in suite.extension_gate}
     statuses = {check.name: check.status for check in result.checks}
     failed = [f"{gate[name]} {statuses.get(name, 'not run')}" for name in gate if statuses.get(name) != "pass"]
-    context.extend_rows = not failed
-    if failed:
+    context.extend_rows = not failed and attention != "prefix_lm"
+    if attention == "prefix_lm":
+        line = "unpadded rows stack at equal lengths only (a prefix LM's prefix reads what follows it)"
+    elif failed:
         line = f"unpadded rows stack at equal lengths only ({', '.join(failed)}: a position may read what follows it)"
     else:
         line = f"unpadded rows of other lengths share forwards too, extended with later tokens ({' and '.join(gate.values())} passed)"

@@ -7,6 +7,7 @@ a model declares, this is the fastest way to see what it really attends to.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -67,20 +68,24 @@ def measure_influence(
 
 
 def _with_ids(row: Batch, ids: Tensor, decoder_side: bool) -> Batch:
-    if decoder_side:
-        return Batch(
-            row.input_ids, row.attention_mask, row.position_ids, row.segment_ids, ids, row.decoder_attention_mask
-        )
-    return Batch(
-        ids, row.attention_mask, row.position_ids, row.segment_ids, row.decoder_input_ids, row.decoder_attention_mask
-    )
+    """``row`` with other ids on the perturbed side; every other input (mask, prefix ...) kept."""
+    return dataclasses.replace(row, **{"decoder_input_ids" if decoder_side else "input_ids": ids})
 
 
-def expected_pattern(length: int, pattern: str, window: int | None, n_layers: int | None) -> Tensor:
+def expected_pattern(
+    length: int,
+    pattern: str,
+    window: int | None,
+    n_layers: int | None,
+    chunk: int | None = None,
+    prefix: int = 0,
+) -> Tensor:
     """``[T_out, T_in]`` bool: where influence is allowed under a declared attention pattern.
 
     With L layers and a window of W (a query sees W keys, itself included), influence
-    reaches back at most L * (W - 1) positions.
+    reaches back at most L * (W - 1) positions. Chunks of C tokens in every layer keep
+    influence inside each chunk however many layers there are. A prefix LM's first
+    ``prefix`` positions influence each other both ways.
     """
     i = torch.arange(length)[:, None]
     j = torch.arange(length)[None, :]
@@ -90,4 +95,8 @@ def expected_pattern(length: int, pattern: str, window: int | None, n_layers: in
     if pattern == "sliding_window" and window is not None:
         reach = (n_layers or 1) * (window - 1)
         allowed = allowed & (i - j <= reach)
+    if pattern == "chunked" and chunk is not None:
+        allowed = allowed & (i // chunk == j // chunk)
+    if pattern == "prefix_lm":
+        allowed = allowed | ((i < prefix) & (j < prefix))
     return allowed

@@ -37,6 +37,7 @@ class CheckResult:
     table: list[dict[str, Any]] = field(default_factory=list)  # rows the report shows as a table
     caveat: str | None = None  # the explanation the message ends with, by name (harness/engine/cases.py: CAVEATS)
     convention: str | None = None  # which of several correct conventions it measured the model to follow
+    verified: str | None = None  # the declared pattern it verified (with its window, chunk or prefix)
     # The call paths it ran on (harness/adapters/paths.py), canonical first: each
     # {"path", "status", "cases"} or {"path", "status": "not_run", "reason"} for one that cannot run.
     paths: list[dict[str, Any]] = field(default_factory=list)

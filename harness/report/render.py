@@ -52,7 +52,8 @@ def suite_reason(status: str, checks: list[Any]) -> str:
             if getattr(check, "convention", None):
                 by_convention.setdefault(check.convention, []).append(check.name)
         conventions = [f"{', '.join(names)}: {convention}" for convention, names in by_convention.items()]
-        parts = ["convention: " + "; ".join(conventions)] if conventions else []
+        parts = [f"verified {c.verified}" for c in checks if getattr(c, "verified", None)]
+        parts += ["convention: " + "; ".join(conventions)] if conventions else []
         return "; ".join(parts + [untested] if (untested := untested_text(checks)) else parts)
     worst_check = max(checks, key=lambda c: SEVERITY[c.status], default=None)
     return "" if worst_check is None else worst_check.message
