@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .chunked_hf import CHUNKED_THEN_FULL, EVERY_LAYER_CHUNKED, llama4
 from .config import ModelConfig
 from .heads import PooledHead, TokenTagger, ValueHead
 from .hf_bugs import (
@@ -39,8 +40,7 @@ from .path_bugs import (
     llama_padding_backward_leak,
 )
 from .plain import MASK_BUGS, SERVING_BUGS, StepReadsPadding, plain_decoder
-from .chunked_hf import CHUNKED_THEN_FULL, EVERY_LAYER_CHUNKED, llama4
-from .prefix_lm import PrefillForgetsPrefix, PrefixLM, PrefixReadCausally, PrefixReachesSuffix
+from .prefix_lm import PrefillForgetsPrefix, PrefixLM, PrefixReachesSuffix, PrefixReadCausally
 from .reference_bugs import (
     CHUNKED,
     DECODER,

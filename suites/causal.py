@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.adapters.layer_attention import LayerAttention
-from ..harness.adapters.prefix import prefix_first
 from ..harness.adapters.outputs import KINDS
+from ..harness.adapters.prefix import prefix_first
 from ..harness.engine.batching import Evaluation, one_forward
 from ..harness.engine.cases import (
     gradient_check,

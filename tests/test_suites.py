@@ -8,9 +8,9 @@ from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
 from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
+from maskcheck.reference_models.chunked_hf import CHUNK
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
 from maskcheck.reference_models.mutants import MUTANTS
-from maskcheck.reference_models.chunked_hf import CHUNK
 from maskcheck.reference_models.reference_bugs import CHUNKED, LONG_FROM
 
 #: the fewest tokens that show a seeded bug, where more than four: its mask is wrong only past

@@ -21,7 +21,6 @@ from torch import Tensor
 from .errors import AdapterError, ModelRaised, check_logits
 from .gradient_calls import GradientCalls
 from .layer_attention import LayerAttention
-from .prefix import default_prefix
 from .memo import ForwardMemo, MemoisedCalls, forward_memo, memo_storing
 from .outputs import OutputKind, vocabulary
 from .paths import (
@@ -37,6 +36,7 @@ from .paths import (
     training_forward,
 )
 from .paths import on_path as batch_on_path
+from .prefix import default_prefix
 
 Family = Literal["encoder", "decoder", "encoder_decoder"]
 AttentionPattern = Literal["causal", "bidirectional", "sliding_window", "prefix_lm", "chunked"]

@@ -13,7 +13,6 @@ from .hf_loading import HFLoadError
 from .layer_attention import LayerAttention
 from .outputs import read_output
 
-
 #: transformers' layer types with a pattern maskcheck verifies, and the kind each declares
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
 
