@@ -31,6 +31,7 @@ _EXPORTS = {
     "Adapter": "harness.adapters.base",
     "Batch": "harness.adapters.base",
     "Capabilities": "harness.adapters.base",
+    "LayerAttention": "harness.adapters.layer_attention",
     "replay": "harness.report.reproduction",
     "BundleError": "harness.report.reproduction",
     "maskcheck_tests": "harness.plugin.testing",

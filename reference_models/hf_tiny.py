@@ -204,6 +204,7 @@ COUNT_KEYS = frozenset(
 )
 SHRINK_LEVELS = ("full", "counts")
 SWEEP_WINDOW = 6  # a default sliding window shrunk so that the suites' short rows outgrow it
+SWEEP_CHUNK = 6  # a default attention chunk (Llama 4's 8192) shrunk for the same reason
 #: Kimi-Linear and Bailing-hybrid: multi-head latent attention without a query compression
 #: (q_lora_rank None, kept) beside linear-attention layers whose heads are set outright.
 LATENT_AND_LINEAR_WIDTHS: dict[str, Any] = {
@@ -387,7 +388,7 @@ def _mixed(layer_types: list[str]) -> list[str]:
 
 def shrunk_config(model_type: str, level: str = "full", task: str = "causal-lm") -> Any:
     """The type's default config with two layers, width 64, vocabulary 128 and a default
-    sliding window of 6 (``level="full"``), or with only its counts shrunk (layers, experts,
+    sliding window or attention chunk of 6 (``level="full"``), or with only its counts shrunk (layers, experts,
     vocabulary: ``level="counts"``) for a type whose widths depend on each other in ways the
     full shrink breaks. Nested text configs (multimodal types) are shrunk the same way.
     ``task`` picks the overrides a type needs for one head only (Reformer's decoder flag)."""
@@ -414,6 +415,8 @@ def _shrink(config: Any, keys: dict[str, int]) -> None:
             setattr(config, key, value)
     if isinstance(present.get("sliding_window"), int) and present["sliding_window"]:
         config.sliding_window = SWEEP_WINDOW
+    if isinstance(present.get("attention_chunk_size"), int) and present["attention_chunk_size"]:
+        config.attention_chunk_size = SWEEP_CHUNK
     if isinstance(present.get("layer_types"), list) and present["layer_types"]:
         config.layer_types = _mixed(present["layer_types"])
     # Fields a config derives from its widths at construction stay None when the widths are

@@ -109,7 +109,7 @@ def test_generate_use_cache_fails_a_seeded_cache_only_difference() -> None:
 # -- the CI subset of the sweep: one process per xdist worker, no subprocess per type ------------
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "architectures.jsonl"
-#: every family: absolute, rotary, ALiBi positions; sliding and mixed windows; MoE;
+#: every family: absolute, rotary, ALiBi positions; sliding and mixed windows; chunks; MoE;
 #: state-space and hybrid (Mamba, Jamba, Bamba, RWKV); multi-head latent attention
 #: (DeepSeek-V3); encoders and encoder-decoder decoders behind a causal-LM head
 # Types whose audit takes over 15 s on one core are marked slow (make test-slow runs them).
@@ -141,6 +141,7 @@ SUBSET = [
     ("biogpt", "causal-lm"),
     pytest.param("bamba", "causal-lm", marks=pytest.mark.slow),
     ("deepseek_v3", "causal-lm"),
+    ("llama4_text", "causal-lm"),  # a chunked layer, then a full one
     # classifier heads: the pad-id condition (decoders), the first slot (encoders), and the
     # confirmed FAILs of the sweep (ConvBERT's convolution and FNet's Fourier mixing read padded slots)
     ("gpt2", "sequence-classification"),
