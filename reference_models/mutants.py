@@ -513,6 +513,15 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 
+#: the clean models of declared attention patterns beyond causal and sliding windows, by spec:
+#: a prefix LM written as a module, Llama 4 chunked in every layer and chunked then full
+CLEAN_PATTERNS = (
+    "module:maskcheck.reference_models.prefix_lm:PrefixLM",
+    "module:maskcheck.reference_models.chunked_hf:llama4",
+    "module:maskcheck.reference_models.chunked_hf:llama4_chunked_then_full",
+)
+
+
 def build(name: str) -> Any:
     """Build the mutant ``name`` (a fresh model each call)."""
     return _mutant(name).build().eval()

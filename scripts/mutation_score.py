@@ -29,7 +29,7 @@ from maskcheck.harness.engine.registry import suite_names
 from maskcheck.reference_models import PRESETS
 from maskcheck.reference_models.heads import CLEAN_HEADS
 from maskcheck.reference_models.hf_tiny import TINY_CONFIGS, tiny_model
-from maskcheck.reference_models.mutants import MUTANTS
+from maskcheck.reference_models.mutants import CLEAN_PATTERNS, MUTANTS
 
 
 def main() -> int:
@@ -58,6 +58,7 @@ def main() -> int:
         "module:maskcheck.reference_models.scratch:ScratchDecoder",
         "module:maskcheck.reference_models.scratch:ScratchDecoderTakingMask",
         "module:maskcheck.reference_models.torchtune_decoders:tiny_torchtune",
+        *CLEAN_PATTERNS,  # a prefix LM, Llama 4's chunks
     ]
     clean = (
         [(f"ref:{p}", f"ref:{p}") for p in PRESETS]

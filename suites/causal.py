@@ -240,6 +240,8 @@ class CausalSuite(Suite):
         ``not_run``, naming it."""
         caps = adapter.capabilities
         layers = adapter.declared_layers()
+        if caps.unverified_layers:
+            return CheckResult("layer_windows", "not_run", caps.unverified_layers)
         if not layers or all(layer.kind == "full" for layer in layers):
             return None
         uniform = len(set(layers)) == 1  # declared_pattern verifies the whole pattern

@@ -42,7 +42,7 @@ def targets() -> dict[str, tuple[Any, list[str] | None]]:
     from maskcheck.reference_models import PRESETS
     from maskcheck.reference_models.heads import CLEAN_HEADS
     from maskcheck.reference_models.hf_tiny import TINY_CONFIGS
-    from maskcheck.reference_models.mutants import MUTANTS
+    from maskcheck.reference_models.mutants import CLEAN_PATTERNS, MUTANTS
 
     chosen: dict[str, tuple[Any, list[str] | None]] = {}
     for name, mutant in MUTANTS.items():
@@ -52,7 +52,7 @@ def targets() -> dict[str, tuple[Any, list[str] | None]]:
     for name in TINY_CONFIGS:
         for implementation in ("eager", "sdpa"):
             chosen[f"hf:{name}/{implementation}"] = ((name, implementation), None)
-    for spec in CLEAN_HEADS:
+    for spec in (*CLEAN_HEADS, *CLEAN_PATTERNS):
         chosen[spec] = (spec, None)
     return chosen
 

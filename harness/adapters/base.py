@@ -86,6 +86,9 @@ class Capabilities:
     # Per layer, the pattern it declares, where layers differ (sliding then full, chunked
     # then full); None: every layer follows ``attention``.
     layers: tuple[LayerAttention, ...] | None = None
+    # A per-layer declaration the engine cannot verify, named in one line (causal's
+    # layer_windows is not_run with it, rather than judging the layers as something else).
+    unverified_layers: str | None = None
     n_layers: int | None = None
     norm_layout: str | None = None
     position_scheme: str | None = None

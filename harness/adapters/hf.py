@@ -38,7 +38,14 @@ from .base import (
 )
 from .generation import GenerationPath, GenerationState, drives_generation
 from .hf_loading import HFLoadError, LoadingInfo, Task, family_of, infer_task
-from .hf_probes import check_logit_rows, declared_attention, declared_layers, position_offset, returns_loss
+from .hf_probes import (
+    check_logit_rows,
+    declared_attention,
+    declared_layers,
+    position_offset,
+    returns_loss,
+    unverified_layers,
+)
 from .memo import plain_values
 from .outputs import OUTPUT_NAMES, OutputKind, measure_output, read_output, vocabulary
 from .peft_models import is_peft_model, unwrap_peft
@@ -192,6 +199,7 @@ class HFAdapter(Adapter):
             attention_chunk=width if attention == "chunked" else None,
             # The layers are told apart (and measured one by one) in causal LMs.
             layers=declared_layers(config) if self.task == "causal-lm" else None,
+            unverified_layers=unverified_layers(config) if self.task == "causal-lm" else None,
             n_layers=getattr(text_config, "num_hidden_layers", None) or getattr(text_config, "num_layers", None),
             device=_input_device(model, parameter),
             dtype=str(parameter.dtype).removeprefix("torch."),

@@ -35,6 +35,22 @@ def declared_layers(config: Any) -> tuple[LayerAttention, ...] | None:
     return tuple(LayerAttention(kind, widths[kind]) for kind in kinds)  # type: ignore[arg-type]
 
 
+def unverified_layers(config: Any) -> str | None:
+    """What a config declares per layer that maskcheck cannot verify, one line, or None: a
+    window or a chunk beside layer types it does not know (Lara's linear attention beside
+    sliding layers); their layers are then not checked one by one."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = list(dict.fromkeys(getattr(text, "layer_types", None) or []))
+    unknown = [kind for kind in types if kind not in LAYER_TYPES]
+    bounded = [kind for kind in types if LAYER_TYPES.get(kind) in ("sliding", "chunked")]
+    if not unknown or not bounded:
+        return None
+    return (
+        f"{', '.join(bounded)} layers not verified one by one: the config also declares {', '.join(unknown)} layers, "
+        "whose pattern maskcheck does not verify"
+    )
+
+
 def declared_attention(config: Any, family: str) -> tuple[str, int | None]:
     """The attention pattern a config declares for the whole model: ``(pattern, width)``,
     ``width`` the window or the chunk. A pattern counts only when every layer declares it

@@ -173,7 +173,9 @@ def render(results: Path, out: Path) -> None:
         "How to read the verdicts: a `WARN` is a real behaviour that is not a leak, with its",
         "reason (left padding on a model without position ids, packing that is safe only with",
         "the documented inputs, a documented label convention from `harness/audits/conventions.json`);",
-        "`n/a` says why the input cannot be given (the table at the end); `kv_cache` decodes each",
+        "`n/a` says why the input cannot be given (the table at the end); `NOT RUN` names what a",
+        "suite could not verify (a declared window beside layer types maskcheck does not verify);",
+        "`kv_cache` decodes each",
         "model the way `generate()` does, with the model's own generation methods, so recurrent",
         "and state-space caches (`state`, Mamba's cache) are checked on the path users run; where",
         "`generate()` feeds other inputs than the prompt (XLM, XLNet, OpenAI-GPT, CPM-Ant) it compares",
@@ -229,7 +231,7 @@ def render(results: Path, out: Path) -> None:
                 )  # a WARN's behaviour has a direct check of its own
                 reproduce = (
                     f" Reproduce: `python scripts/sweep/reproduce_finding.py {model_type} {check}{task_flag}{impl}`."
-                    if suite in REPRODUCIBLE
+                    if suite in REPRODUCIBLE and data["status"] != "not_run"  # nothing was measured to reproduce
                     else ""
                 )
                 if suite in REPRODUCIBLE and data["status"] == "fail":
