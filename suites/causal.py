@@ -184,6 +184,9 @@ class CausalSuite(Suite):
     # the suites after this one may then stack unpadded rows of other lengths.
     extension_gate = ("future_tokens",)
 
+    def __init__(self) -> None:
+        self.verified: dict[str, str] = {}  # check name -> the pattern it verifies, once it has run
+
     def not_applicable(self, capabilities: Capabilities) -> str | None:
         output = capabilities.output_kind
         if not output.per_position:  # every model with an output per position has a pattern to check
@@ -193,7 +196,7 @@ class CausalSuite(Suite):
     def checks(self, adapter: Adapter, context: RunContext) -> list:
         caps = adapter.capabilities
         checks: list = []
-        self.verified: dict[str, str] = {}  # check name -> the pattern it verifies, once it has run
+        self.verified = {}
         if caps.family != "encoder":
             length = model_length(caps, MAX_LENGTH)
             room = 3 if caps.takes_attention_mask and length > 5 else 0  # for the padded slots

@@ -33,6 +33,7 @@ from ..engine.suite import (
     Check,
     ProbeError,
     RunContext,
+    case_to_dict,
     informative_cases,
     replay_first,
     run_check_keeping_cases,
@@ -588,8 +589,9 @@ class PathChecks:
                 )
                 continue
             else:
-                changed = [case for case in replayed if not log_of[id(case)].same_on(path)]
-                same_calls = len(replayed) - len(changed)
+                on_path = nearest_first(replayed, evaluated, canonical) if path.twin else replayed
+                changed = [case for case in on_path if not log_of[id(case)].same_on(path)]
+                same_calls = len(on_path) - len(changed)
                 if replayed and not changed:
                     # every replayed case would call the model as it did: its outcome stands
                     entry = {"path": path.name, "status": canonical.status, "cases": 0, "same_calls": same_calls}
@@ -617,6 +619,17 @@ class PathChecks:
         if chosen is not canonical:
             chosen.paths = canonical.paths
         return chosen
+
+
+def nearest_first(replayed: list, evaluated: list, canonical: CheckResult) -> list:
+    """``replayed`` with the canonical case nearest its threshold first (the case a pass
+    reports, its worst by measured ratio), for the float32 twin: a leak smaller than low
+    precision's rounding is largest where the low-precision run came closest to failing,
+    and the richest short cases need not be that case (a chunk a packed sequence straddles)."""
+    worst = next((case for case, _ in evaluated if case_to_dict(case) == canonical.case), None)
+    if worst is None or any(case is worst for case in replayed):
+        return replayed
+    return [worst, *replayed]
 
 
 def _run_one(
