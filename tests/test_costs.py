@@ -37,7 +37,7 @@ def test_kv_bytes_per_token_match_the_formula_for_reference_and_hugging_face(tmp
 
 
 def test_with_and_without_cache_feed_the_model_what_they_claim() -> None:
-    """Structure, not timing (timings live in the README and the benchmark): decode steps with
+    """Structure, not timing (timings live in docs/performance.md and the benchmark): decode steps with
     the cache feed one token each; generation without it feeds the whole growing prefix."""
     adapter = load_adapter("ref:tiny-decoder")
     widths: list[int] = []

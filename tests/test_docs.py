@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # subfolders too (docs/dev/)
 NOT_RUN = "(not run by the docs test)"
 EXIT = re.compile(r"\(exit (\d+)\)")
 
@@ -82,7 +82,7 @@ SLOW_PAGES = ("suites.md", "probes.md")
 @pytest.mark.parametrize(
     "page",
     [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p for p in PAGES if p != WRITING_A_SUITE],
-    ids=[p.name for p in PAGES if p != WRITING_A_SUITE],
+    ids=[str(p.relative_to(ROOT)) for p in PAGES if p != WRITING_A_SUITE],
 )
 def test_every_documented_command_runs(page: Path, workdir: Path) -> None:
     for command, expected in documented_commands(page):
@@ -150,3 +150,22 @@ def test_a_newcomer_adds_a_suite_by_following_the_page(tmp_path: Path) -> None:
     assert "first_position  PASS" in " ".join(clean.split()).replace("first_position PASS", "first_position  PASS")
     assert "first_position/later_tokens: changing the tokens after position 0" in buggy
     assert "this suite checks decoder-only models" in encoder
+
+
+#: the README's cap: a first read of about ten minutes; the rest is in docs/ behind its index
+README_BYTES = 15_000
+
+
+def test_the_readme_fits_a_first_read_and_the_docs_have_an_index() -> None:
+    readme = ROOT / "README.md"
+    assert readme.stat().st_size <= README_BYTES, f"README.md is {readme.stat().st_size} bytes, over {README_BYTES}"
+    index = (ROOT / "docs" / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)#]+)\)", index))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")} - {"README.md"}
+    assert pages <= linked, f"docs/README.md does not link {sorted(pages - linked)}"
+    assert "## The user's guide" in index and "## Maintainers' notes" in index
+
+
+def test_the_version_is_one_line() -> None:
+    completed = subprocess.run([sys.executable, "-m", "maskcheck", "--version"], capture_output=True, text=True)
+    assert completed.returncode == 0 and re.fullmatch(r"maskcheck \S+\n", completed.stdout), completed.stdout

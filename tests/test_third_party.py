@@ -1,5 +1,5 @@
 """Third-party Transformers as their authors wrote them (examples/third_party.py, the
-recipes the README shows): the mask keyword is found by name and its polarity measured;
+recipes the README and docs/modules.md show): the mask keyword is found by name and its polarity measured;
 clean models pass; a wrong polarity declared, or a mask dropped, fails; a module that
 takes no mask still gets every check that needs none."""
 

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from ..adapters.task_names import TASKS
 from ..engine.profile_names import PROFILE_NAMES
+from ..engine.registry import maskcheck_version
 from .quiet import quiet_transformers
 
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Specs: ref:PRESET, ref:PATH.safetensors, ref:kv-retrieval, mutant:NAME, hf:DIR, module:pkg.mod:factory. "
         "Run 'maskcheck list' for presets, seeded bugs and suites.",
     )
+    parser.add_argument("--version", action="version", version=f"maskcheck {maskcheck_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     audit = sub.add_parser(
