@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow mutation-score bench clean
+.PHONY: setup demo test test-slow test-torchtune mutation-score bench clean
 
 setup:
 	@bash scripts/setup.sh 2>&1 | grep -v "^WARNING: Location" || true
@@ -17,6 +17,11 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -n auto -q -m slow
 
+# torchtune and the torchao it imports live in an environment of their own (pyproject.toml)
+test-torchtune:
+	@VENV=.venv-torchtune MASKCHECK_EXTRAS=dev,torchtune bash scripts/setup.sh 2>&1 | grep -v "^WARNING: Location" || true
+	.venv-torchtune/bin/python -m pytest -n auto -q -m torchtune
+
 mutation-score: setup
 	$(PY) scripts/mutation_score.py
 
@@ -24,4 +29,4 @@ bench: setup
 	$(PY) benchmarks/audit_overhead.py
 
 clean:
-	rm -rf $(VENV) .demo *.egg-info maskcheck-report
+	rm -rf $(VENV) .venv-torchtune .demo *.egg-info maskcheck-report

@@ -12,6 +12,7 @@ or the spec ``mutant:NAME``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -88,6 +89,17 @@ class Mutant:
     description: str
     build: Callable[[], Any]
     clean: Callable[[], Any]  # the same model without the bug
+    # the test subject it is built from, where that is an optional library (torchtune: a test
+    # environment of its own, pyproject.toml); None: the default environment builds it
+    requires: str | None = None
+
+    def missing(self) -> str | None:
+        """Why this environment cannot build it (one line), or None."""
+        if self.requires is None or importlib.util.find_spec(self.requires) is not None:
+            return None
+        return (
+            f"{self.name} needs {self.requires}, which is not installed here (pip install -e '.[dev,{self.requires}]')"
+        )
 
 
 def _doc(described: Any) -> str:
@@ -378,9 +390,10 @@ MUTANTS: dict[str, Mutant] = {
             "torchtune_cache_advances_one_slot",
             "kv_cache",
             "incremental",
-            _doc(torchtune_cache_advances_one_slot) + " (torchtune, the dev extra)",
+            _doc(torchtune_cache_advances_one_slot) + " (torchtune, the torchtune extra)",
             torchtune_cache_advances_one_slot,
             tiny_torchtune,
+            requires="torchtune",
         ),
         Mutant(
             "scratch_loss_without_shift",
@@ -535,4 +548,7 @@ def build_clean(name: str) -> Any:
 def _mutant(name: str) -> Mutant:
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
-    return MUTANTS[name]
+    mutant = MUTANTS[name]
+    if mutant.missing():
+        raise ImportError(mutant.missing())
+    return mutant

@@ -15,11 +15,13 @@ warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 
 from maskcheck.harness.cli import main
+from maskcheck.harness.cli.quiet import quiet_transformers
 from maskcheck.reference_models import Transformer, preset, save_checkpoint
 from maskcheck.reference_models.hf_tiny import tiny_model
 
 
 def write_checkpoints(directory: Path) -> tuple[Path, Path]:
+    quiet_transformers()  # the checkpoint it writes first would print transformers' progress bar before maskcheck's first line
     hf_dir = directory / "tiny-gpt2"
     tiny_model("gpt2").save_pretrained(hf_dir, safe_serialization=True)
     reference = save_checkpoint(

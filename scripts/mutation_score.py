@@ -43,7 +43,12 @@ def main() -> int:
     suites = suite_names()
     print(f"Seeded bugs ({len(MUTANTS)}), profile {args.profile}{' in ' + args.dtype if args.dtype else ''}:")
     caught = 0
+    missing = {name: mutant.missing() for name, mutant in MUTANTS.items() if mutant.missing()}
+    installed = {mutant.requires for mutant in MUTANTS.values() if mutant.requires and not mutant.missing()}
     for name, mutant in MUTANTS.items():
+        if name in missing:
+            print(f"  {'skipped':<7} {name:<34} {missing[name]}")
+            continue
         result = audit(f"mutant:{name}", [mutant.suite], options=options, profile=args.profile)
         check = next((c for c in result.suite(mutant.suite).checks if c.name == mutant.check), None)
         hit = check is not None and check.status == "fail"
@@ -57,7 +62,7 @@ def main() -> int:
         "module:maskcheck.reference_models.plain:plain_decoder",
         "module:maskcheck.reference_models.scratch:ScratchDecoder",
         "module:maskcheck.reference_models.scratch:ScratchDecoderTakingMask",
-        "module:maskcheck.reference_models.torchtune_decoders:tiny_torchtune",
+        *(["module:maskcheck.reference_models.torchtune_decoders:tiny_torchtune"] if "torchtune" in installed else []),
         *CLEAN_PATTERNS,  # a prefix LM, Llama 4's chunks
     ]
     clean = (
@@ -80,12 +85,17 @@ def main() -> int:
         false_positives += bool(bad)
         statuses = " ".join(f"{s.name}={s.status}" for s in result.suites)
         print(f"  {'FALSE POSITIVE' if bad else 'clean':<14} {label:<36} {statuses}")
-    score = caught / len(MUTANTS)
-    print(
-        f"\nmutation score: {caught}/{len(MUTANTS)} = {score:.0%}; false positives: {false_positives}/{len(clean)} clean models "
-        f"({time.perf_counter() - started:.0f}s)"
+    ran = len(MUTANTS) - len(missing)
+    skipped = (
+        f" ({len(missing)} not built here: {', '.join(sorted({MUTANTS[n].requires for n in missing}))} missing)"
+        if missing
+        else ""
     )
-    return 0 if (args.allow_misses or caught == len(MUTANTS)) and false_positives == 0 else 1
+    print(
+        f"\nmutation score: {caught}/{ran} = {caught / ran:.0%}{skipped}; false positives: {false_positives}/{len(clean)} "
+        f"clean models ({time.perf_counter() - started:.0f}s)"
+    )
+    return 0 if (args.allow_misses or caught == ran) and false_positives == 0 else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install maskcheck with its test dependencies.
+# Create .venv and install maskcheck with its test dependencies (the extras in
+# MASKCHECK_EXTRAS, default "dev"; VENV names another environment: .ci/run builds
+# .venv-torchtune with "dev,torchtune" this way).
 #
 # torch: an importable torch (in the Python that runs this script) is kept: the venv
 # then sees it through --system-site-packages. Only when there is none is torch==2.13.0
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${MASKCHECK_TORCH_SPEC:-torch==2.13.0}"
+EXTRAS="${MASKCHECK_EXTRAS:-dev}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PYTHON" -c "import torch" 2>/dev/null; then
@@ -33,5 +36,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/pip" install --quiet --retries 0 --timeout 10 "${index_args[@]}" "$TORCH_SPEC"
 fi
 
-"$VENV/bin/pip" install --quiet -e ".[dev]"
+"$VENV/bin/pip" install --quiet -e ".[$EXTRAS]"
 echo "setup: ready ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from catalogue import mutant_params
 
 from maskcheck import audit
 from maskcheck.harness.adapters.hf import HFAdapter
@@ -68,7 +69,7 @@ FIXED_SIZE_CHECKS = ("declared_pattern", "layer_windows", "behaviour", "pooling"
 
 
 @pytest.mark.call_paths
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+@pytest.mark.parametrize("name", mutant_params())
 def test_every_seeded_bug_fails_its_suite_for_the_right_reason_shrunk_to_a_minimal_case(name: str) -> None:
     """Each seeded bug fails the check it names, by a measured difference over its threshold,
     and a drawn failure shrinks to one row of at most four tokens (one audit for both)."""

@@ -14,7 +14,8 @@ from maskcheck import audit
 from maskcheck.harness.adapters.specs import adapter_for
 from maskcheck.reference_models.mutants import MUTANTS
 
-pytest.importorskip("torchtune")  # the dev extra installs it; without it this file cannot run
+pytestmark = pytest.mark.torchtune  # run in .venv-torchtune (.ci/run builds it: pyproject.toml's torchtune extra)
+pytest.importorskip("torchtune")  # the torchtune extra installs it; without it this file cannot run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import third_party  # noqa: E402
@@ -81,3 +82,17 @@ def test_a_torchtune_lora_decoder_is_audited_with_its_adapter_active() -> None:
                 parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
     result = audit(model, ["causal", "padding", "kv_cache"], profile="ci")
     assert {s.name: s.status for s in result.suites} == {"causal": "pass", "padding": "pass", "kv_cache": "pass"}
+
+
+def test_the_documented_torchtune_audit_exits_clean() -> None:
+    """docs/checkpoints.md's command, which the docs test (in the default environment,
+    without torchtune) cannot run."""
+    import subprocess
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    completed = subprocess.run(
+        [sys.executable, "-m", "maskcheck", "audit", "module:third_party:torchtune_decoder", "--suites",
+         "causal,padding,packing,kv_cache", "-q"],
+        cwd=examples, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]

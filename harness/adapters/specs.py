@@ -295,6 +295,8 @@ def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> 
         model = mutants.build(target)
     except KeyError as exc:
         raise SpecError(str(exc.args[0])) from None
+    except ImportError as exc:  # a seeded bug in an optional test subject (torchtune)
+        raise SpecError(f"mutant:{target}: {exc}") from None
     return adapter_for(model, f"mutant:{target}", device=device, dtype=dtype)
 
 

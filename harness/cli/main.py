@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from ..adapters.task_names import TASKS
 from ..engine.profile_names import PROFILE_NAMES
@@ -22,8 +22,15 @@ from .quiet import quiet_transformers
 DEFAULT_BUNDLE_DIR = "maskcheck-report"
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A usage error is one line (what is wrong, and where the help is), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="maskcheck",
         description="Verify the masking and caching correctness of a Transformer.",
         epilog="Specs: ref:PRESET, ref:PATH.safetensors, ref:kv-retrieval, mutant:NAME, hf:DIR, module:pkg.mod:factory. "
