@@ -21,7 +21,7 @@ from maskcheck.reference_models.hf_tiny import tiny_model
 
 
 def write_checkpoints(directory: Path) -> tuple[Path, Path]:
-    quiet_transformers()  # the checkpoint it writes first would print transformers' progress bar before maskcheck's first line
+    quiet_transformers()  # else the checkpoint written first prints a progress bar before maskcheck's first line
     hf_dir = directory / "tiny-gpt2"
     tiny_model("gpt2").save_pretrained(hf_dir, safe_serialization=True)
     reference = save_checkpoint(
