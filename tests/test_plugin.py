@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import pytest
 
@@ -676,3 +677,14 @@ def test_a_bad_compare_entry_is_one_usage_error(pytester: pytest.Pytester) -> No
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = result.stderr.str()
     assert 'each compare entry is a table with a = "SPEC" and b = "SPEC"' in errors and "Traceback" not in errors
+
+
+def test_the_settings_table_is_written_once() -> None:
+    """docs/plugin.md shows the table the options are built from, row for row, and every
+    option is named literally in the code (a search for it finds its record)."""
+    from maskcheck.harness.plugin import settings
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "plugin.md").read_text()
+    assert settings.markdown_table() in page, "docs/plugin.md's settings table differs from settings.SETTINGS"
+    source = Path(settings.__file__).read_text()
+    assert all(f'"{each.option}"' in source for each in settings.SETTINGS)

@@ -6,7 +6,10 @@ the entry point's module and reads its hooks from that module's attributes. Load
 imports pytest and nothing heavier: a host that does not configure maskcheck pays for a
 few small modules.
 
-- :mod:`.hooks`: command-line options, ini keys, collection, the fixture, the session's summary
+- :mod:`.hooks`: the pytest hooks: options, configuration, collection, the fixture
+- :mod:`.settings`: every setting, one record each, and how a run reads them
+- :mod:`.items`: the generated tests (a suite on a model, a compared pair, a collator)
+- :mod:`.tracker`: the run's bookkeeping, its summary line, and ``require``
 - :mod:`.hookspec`: the hooks a host implements (``maskcheck_models``)
 - :mod:`.testing`: the test items' bodies, and ``maskcheck_tests`` for hand-written test files
 - :mod:`.run_report`: which tests this run selected and finished; merging their reports
