@@ -18,13 +18,16 @@ import torch
 from torch import Tensor
 
 
-def check_padding_mask(mask: Tensor, batch: int, length: int, name: str = "attention_mask") -> Tensor:
-    """Validate a ``[B, T]`` padding mask (1/True = real token) and return it as bool."""
+def check_padding_mask(
+    mask: Tensor, batch: int, length: int, name: str = "attention_mask", meaning: str = "1 = real token and 0 = padding"
+) -> Tensor:
+    """Validate a ``[B, T]`` padding mask (1/True = real token; another 0/1 mask of tokens
+    says its ``meaning``) and return it as bool."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype.is_floating_point or mask.dtype.is_complex:
         raise TypeError(
-            f"{name} must be bool or integer with 1 = real token and 0 = padding, got {mask.dtype}; "
+            f"{name} must be bool or integer with {meaning}, got {mask.dtype}; "
             "an additive float mask (0 / -inf) is not accepted here"
         )
     if tuple(mask.shape) != (batch, length):

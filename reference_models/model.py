@@ -10,6 +10,7 @@ tokens followed by the new ones, as in Hugging Face models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,7 +38,7 @@ class KVCache:
     """Everything a decoder needs to continue a sequence. Immutable: a step returns a new one.
 
     ``keys``/``values`` per layer ``[B, Hkv, T, Dh]`` (keys already rotated);
-    ``key_real [B, T]`` (True at real tokens) and ``positions [B, T]`` of the cached tokens;
+    ``real [B, T]`` (True at real tokens) and ``positions [B, T]`` of the cached tokens;
     ``token_embeddings [B, T, D]`` of the cached tokens for token shift, which reads the
     last one (``[B, 0, D]`` without token shift); for encoder-decoders the
     cross-attention keys/values, computed once from the source, and ``source_real [B, S]``
@@ -46,7 +47,7 @@ class KVCache:
 
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
-    key_real: Tensor
+    real: Tensor
     positions: Tensor
     token_embeddings: Tensor
     cross_keys: tuple[Tensor, ...] | None = None
@@ -55,7 +56,7 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        return self.key_real.shape[1]
+        return self.real.shape[1]
 
     def without_last(self, tokens: int) -> "KVCache":
         """The cache before its last ``tokens`` tokens (rejected draft tokens rolled back)."""
@@ -64,7 +65,7 @@ class KVCache:
             self,
             keys=tuple(k[:, :, :keep] for k in self.keys),  # [B, Hkv, T - n, Dh]
             values=tuple(v[:, :, :keep] for v in self.values),
-            key_real=self.key_real[:, :keep],
+            real=self.real[:, :keep],
             positions=self.positions[:, :keep],
             token_embeddings=self.token_embeddings[:, :keep],
         )
@@ -79,7 +80,7 @@ class KVCache:
         return KVCache(
             tuple(pick(k) for k in self.keys),
             tuple(pick(v) for v in self.values),
-            pick(self.key_real),
+            pick(self.real),
             pick(self.positions),
             pick(self.token_embeddings),
             tuple(pick(k) for k in self.cross_keys) if crossed else None,  # type: ignore[union-attr]
@@ -107,10 +108,24 @@ class Block(nn.Module):
         self.ffn = FeedForward(config)
         self.ffn_norm = make_norm(config)
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
             return x + sublayer(norm(x))
         return norm(x + sublayer(x))
+
+    def keys_values(
+        self, x: Tensor, past: tuple[Tensor, Tensor] | None, rotary: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
+        """The self-attention's keys and values ``[B, Hkv, T_past + T, Dh]``: the cached ones,
+        then those of ``x [B, T, D]`` (keys rotated); the cache keeps them as they are."""
+        h = self.self_norm(x) if self.pre_norm else x
+        k, v = self.self_attn.project_kv(h)  # [B, Hkv, T, Dh] each
+        if rotary is not None:
+            k = apply_rotary(k, *rotary)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # [B, Hkv, T_past + T, Dh]
+            v = torch.cat([past[1], v], dim=2)  # [B, Hkv, T_past + T, Dh]
+        return k, v
 
     def forward(
         self,
@@ -121,26 +136,16 @@ class Block(nn.Module):
         bias: Tensor | None,
         cross: tuple[Tensor, Tensor, Tensor] | None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        new_kv: tuple[Tensor, Tensor] = (x, x)  # replaced below; keeps the type checker calm
-
-        def self_attention(h: Tensor) -> Tensor:
-            nonlocal new_kv
-            k, v = self.self_attn.project_kv(h)
-            if rotary is not None:
-                k = apply_rotary(k, *rotary)
-            if past is not None:
-                k = torch.cat([past[0], k], dim=2)  # [B, Hkv, T_past + T, Dh]
-                v = torch.cat([past[1], v], dim=2)  # [B, Hkv, T_past + T, Dh]
-            new_kv = (k, v)
-            return self.self_attn(h, k, v, mask, rotary, bias)
-
-        x = self._residual(x, self.self_norm, self_attention)
+        """``x [B, T, D]``, ``mask [B, T, T_past + T]`` (True = may attend); returns the layer's
+        output and its keys and values for the cache."""
+        k, v = self.keys_values(x, past, rotary)
+        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, k, v, mask, rotary, bias))
         if self.cross_attn is not None:
             assert cross is not None and self.cross_norm is not None
             cross_k, cross_v, cross_mask = cross
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(h, cross_k, cross_v, cross_mask))
         x = self._residual(x, self.ffn_norm, self.ffn)
-        return x, new_kv
+        return x, (k, v)
 
 
 class Stack(nn.Module):
@@ -178,16 +183,16 @@ class Stack(nn.Module):
         return x, tokens if self.config.token_shift else tokens[:, :0]
 
     def previous_tokens(self, tokens: Tensor, real: Tensor, segments: Tensor | None, cache: KVCache | None) -> Tensor:
-        """Each position's previous token embedding, zero where that token is padding,
+        """Each position's previous token embedding, zero where that token is not real (padding),
         another packed segment, or before the start of the sequence."""
         if cache is None:
             first = torch.zeros_like(tokens[:, :1])
             first_real = torch.zeros_like(real[:, :1])
         else:
-            first, first_real = cache.token_embeddings[:, -1:], cache.key_real[:, -1:]
+            first, first_real = cache.token_embeddings[:, -1:], cache.real[:, -1:]
         previous = torch.cat([first, tokens[:, :-1]], dim=1)  # [B, T, D]
-        new_padding = real[:, -tokens.shape[1] :]  # [B, T]
-        keep = torch.cat([first_real, new_padding[:, :-1]], dim=1)  # [B, T]: previous token is real
+        new_real = real[:, -tokens.shape[1] :]  # [B, T]
+        keep = torch.cat([first_real, new_real[:, :-1]], dim=1)  # [B, T]: previous token is real
         if segments is not None:
             same_segment = torch.ones_like(keep)
             same_segment[:, 1:] = segments[:, 1:] == segments[:, :-1]
@@ -298,7 +303,8 @@ class Transformer(nn.Module):
     def _inputs(
         self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None, cache: KVCache | None
     ) -> tuple[Tensor, Tensor]:
-        """Validate and default the padding mask ``[B, T_past + T]`` and position ids ``[B, T]``."""
+        """The real tokens ``real [B, T_past + T]`` (True = real, from ``attention_mask``) and the
+        position ids ``[B, T]``, validated and defaulted."""
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int):
             raise TypeError(
                 f"input_ids must be an integer tensor [B, T], got {input_ids.dtype} {list(input_ids.shape)}"
@@ -322,7 +328,7 @@ class Transformer(nn.Module):
             return None
         if not self.config.prefix_lm:
             raise ValueError("prefix_mask is for a prefix LM (ModelConfig.prefix_lm=True)")
-        prefix = check_padding_mask(prefix_mask, *input_ids.shape, name="prefix_mask")
+        prefix = check_padding_mask(prefix_mask, *input_ids.shape, "prefix_mask", "1 = prefix token and 0 = the rest")
         if cache is not None and bool(prefix.any()):
             raise ValueError("a cached forward cannot extend a bidirectional prefix: prefill the whole prefix at once")
         return None if cache is not None else prefix
@@ -336,7 +342,7 @@ class Transformer(nn.Module):
         position_ids: Tensor | None = None,
         segment_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Run the encoder; returns hidden states ``[B, S, D]`` and the source padding ``[B, S]``."""
+        """Run the encoder; returns hidden states ``[B, S, D]`` and the source's real tokens ``[B, S]``."""
         assert self.encoder is not None, "this model has no encoder"
         real, position_ids = self._inputs(input_ids, attention_mask, position_ids, None)
         hidden, _ = self.encoder(input_ids, real, position_ids, segment_ids)
@@ -365,39 +371,52 @@ class Transformer(nn.Module):
             assert input_ids is not None
             hidden, _ = self.encode(input_ids, attention_mask, position_ids, segment_ids)
             return ModelOutput(self.lm_head(hidden))
-        assert self.decoder is not None
         if self.config.family == "decoder":
             assert input_ids is not None
-            real, position_ids = self._inputs(input_ids, attention_mask, position_ids, cache)
-            prefix = self._prefix(prefix_mask, input_ids, cache)
-            hidden, new_cache = self.decoder(input_ids, real, position_ids, segment_ids, cache, prefix=prefix)
-            return ModelOutput(self.lm_head(hidden), new_cache)
+            return self._decode(input_ids, attention_mask, position_ids, segment_ids, cache, prefix_mask)
         if decoder_input_ids is None:
             raise ValueError("an encoder-decoder needs decoder_input_ids")
-        cross_cache = (
-            cache if cache is not None else self._cross_cache(input_ids, attention_mask, position_ids, segment_ids)
-        )
+        if segment_ids is not None and cache is None:
+            raise ValueError("packing (segment_ids) is supported for encoders and decoders, not encoder-decoders")
+        source = cache if cache is not None else self._cross_cache(input_ids, attention_mask, position_ids, segment_ids)
+        return self._decode_from_source(source, decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache)
+
+    def _decode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        position_ids: Tensor | None,
+        segment_ids: Tensor | None,
+        cache: KVCache | None,
+        prefix_mask: Tensor | None,
+    ) -> ModelOutput:
+        """A decoder-only model's next-token logits ``[B, T, V]`` and its cache."""
+        assert self.decoder is not None
+        real, position_ids = self._inputs(input_ids, attention_mask, position_ids, cache)
+        prefix = self._prefix(prefix_mask, input_ids, cache)
+        hidden, new_cache = self.decoder(input_ids, real, position_ids, segment_ids, cache, prefix=prefix)
+        return ModelOutput(self.lm_head(hidden), new_cache)
+
+    def _decode_from_source(
+        self,
+        source: KVCache,
+        decoder_input_ids: Tensor,
+        decoder_attention_mask: Tensor | None,
+        decoder_position_ids: Tensor | None,
+        cache: KVCache | None,
+    ) -> ModelOutput:
+        """An encoder-decoder's logits ``[B, T, V]`` over ``decoder_input_ids``, reading the
+        encoded source that ``source`` holds (its cross-attention keys and values, computed once)."""
+        assert self.decoder is not None
+        assert source.cross_keys is not None and source.cross_values is not None and source.source_real is not None
         real, decoder_position_ids = self._inputs(
             decoder_input_ids, decoder_attention_mask, decoder_position_ids, cache
         )
-        assert cross_cache.cross_keys is not None and cross_cache.cross_values is not None
-        assert cross_cache.source_real is not None
-        cross_mask = self.cross_mask(cross_cache.source_real, decoder_input_ids.shape[1])  # [B, T, S]
-        if segment_ids is not None and cache is None:
-            raise ValueError("packing (segment_ids) is supported for encoders and decoders, not encoder-decoders")
-        hidden, new_cache = self.decoder(
-            decoder_input_ids,
-            real,
-            decoder_position_ids,
-            None,
-            cache,
-            (cross_cache.cross_keys, cross_cache.cross_values, cross_mask),
-        )
+        cross_mask = self.cross_mask(source.source_real, decoder_input_ids.shape[1])  # [B, T, S]
+        cross = (source.cross_keys, source.cross_values, cross_mask)
+        hidden, new_cache = self.decoder(decoder_input_ids, real, decoder_position_ids, None, cache, cross)
         new_cache = replace(
-            new_cache,
-            cross_keys=cross_cache.cross_keys,
-            cross_values=cross_cache.cross_values,
-            source_real=cross_cache.source_real,
+            new_cache, cross_keys=source.cross_keys, cross_values=source.cross_values, source_real=source.source_real
         )
         return ModelOutput(self.lm_head(hidden), new_cache)
 
@@ -424,7 +443,7 @@ class Transformer(nn.Module):
         return KVCache(
             keys=(),
             values=(),
-            key_real=empty,
+            real=empty,
             positions=empty,
             token_embeddings=empty,
             cross_keys=tuple(k for k, _ in projected),

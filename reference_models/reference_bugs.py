@@ -335,7 +335,7 @@ class CacheAppendedTwice(Transformer):
     ) -> ModelOutput:
         if cache is not None and attention_mask is not None:
             fresh = attention_mask[:, -input_ids.shape[1] :]
-            attention_mask = torch.cat([cache.key_real.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
+            attention_mask = torch.cat([cache.real.to(fresh.dtype), fresh], dim=1)  # [B, T_cache + T]
         out = super().forward(input_ids, attention_mask, position_ids, segment_ids, cache, **kwargs)
         past = 0 if cache is None else cache.length
         assert out.cache is not None
@@ -347,7 +347,7 @@ class CacheAppendedTwice(Transformer):
             out.cache,
             keys=tuple(twice(k, 2) for k in out.cache.keys),
             values=tuple(twice(v, 2) for v in out.cache.values),
-            key_real=twice(out.cache.key_real, 1),
+            real=twice(out.cache.real, 1),
             positions=twice(out.cache.positions, 1),
         )
         return out
