@@ -66,3 +66,39 @@ class TorchEncoder(nn.Module):
 
 def torch_encoder() -> nn.Module:
     return TorchEncoder().eval()
+
+
+def hooked_transformer() -> nn.Module:
+    """TransformerLens's HookedTransformer (3.9), built from a config: its forward takes
+    ``attention_mask=`` (found and measured), and its token embedding, an ``Embed`` module
+    holding its own ``W_E``, is found by measurement for the gradient checks."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    config = HookedTransformerConfig(
+        n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=64, act_fn="gelu",
+        normalization_type="LN", positional_embedding_type="rotary", seed=0,
+    )  # fmt: skip
+    model = HookedTransformer(config).eval()
+    model.maskcheck_capabilities = {"family": "decoder", "vocab_size": 64, "max_length": 64}
+    return model
+
+
+def cached_hooked_transformer() -> nn.Module:
+    """The same model with its KV cache: ``past_kv_cache=``, an object the forward updates in
+    place, given the object-cache protocol in six lines (each call gets the new tokens' mask,
+    and the cache appends it to the mask it keeps)."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    model = hooked_transformer()
+
+    def prefill(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
+        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, input_ids.shape[0])
+        return model(input_ids, attention_mask=attention_mask, past_kv_cache=cache), cache
+
+    def step(cache: object, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, object]:
+        new = attention_mask[:, -input_ids.shape[1] :]  # the step's own tokens: the cache keeps the rest
+        return model(input_ids, attention_mask=new, past_kv_cache=cache), cache
+
+    model.prefill, model.step = prefill, step
+    model.maskcheck_capabilities = {**model.maskcheck_capabilities, "has_cache": True}
+    return model

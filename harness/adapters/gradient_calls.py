@@ -31,14 +31,38 @@ class GradientCalls:
 
     def embedding_module(self) -> Any:
         """The module whose output is the token embeddings, for :meth:`input_gradients`: the one
-        a model names in ``maskcheck_embedding`` (an attribute path or the module), else its
-        first ``nn.Embedding``; None when there is none."""
+        a model names in ``maskcheck_embedding`` (an attribute path or the module), else the one
+        measured to embed the ids (:func:`measure_embedding`: the first module to return
+        ``[B, T, D]`` floats from the ids it is given, whatever its class: TransformerLens's
+        ``Embed`` holds its own ``W_E``), else its first ``nn.Embedding``; None when there is none."""
         if not isinstance(self.model, torch.nn.Module):
             return None
         declared = self._declared_module("maskcheck_embedding")
         if declared is not None:
             return declared
+        measured = self._measured_embedding()
+        if measured is not None:
+            return self.model.get_submodule(measured)
         return next((m for m in self.model.modules() if isinstance(m, torch.nn.Embedding)), None)
+
+    def _measured_embedding(self) -> str | None:
+        """:func:`measure_embedding`'s answer for this adapter's model, measured once per model
+        (a copy of the adapter on another model measures again)."""
+        model_id, name = getattr(self, "_embedding_measured", (None, None))
+        if model_id != id(self.model):
+            from .base import Batch
+
+            vocab = self.capabilities.vocab_size
+            ids = torch.tensor([[5, 9, 3, 7, 11, 4]], device=self.capabilities.device) % max(vocab - 1, 1) + 1
+            mask = torch.ones_like(ids)
+            if self.capabilities.family == "encoder_decoder":
+                source = ids[:, :4].flip(-1)  # another length: only the decoder's ids match
+                probe = Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask)
+            else:
+                probe = Batch(ids)
+            name = measure_embedding(self.model, lambda: self._logits(probe), ids)
+            self._embedding_measured = (id(self.model), name)
+        return name
 
     def _declared_module(self, attribute: str) -> Any:
         """The submodule the model names in ``attribute`` (an attribute path or the module), or None."""
@@ -187,3 +211,38 @@ class GradientCalls:
         if gradient is None:
             return torch.zeros(ids.shape, dtype=torch.float64)
         return gradient.detach().double().norm(dim=-1).cpu()  # [B, T]
+
+
+def measure_embedding(model: torch.nn.Module, call: Any, ids: Tensor) -> str | None:
+    """The name of the first module of ``model`` to return ``[B, T, D]`` floats (or a tuple
+    starting with them) from an input equal to ``ids [B, T]`` (as given, transposed, or
+    lengthened on the right), when ``call()`` runs the model on them; None when no module
+    does or the call raises. Forward hooks fire as modules return, so an embedding inside a
+    model that takes the ids too is found before the model."""
+    names = {module: name for name, module in model.named_modules() if name}
+    found: list[str] = []
+
+    def given_ids(value: Any) -> bool:
+        if not isinstance(value, Tensor) or value.is_floating_point() or value.dim() != 2:
+            return False
+        value = value.to(ids.device)
+        lengthened = value.shape[0] == ids.shape[0] and value.shape[1] >= ids.shape[1]
+        return torch.equal(value.t(), ids) or (lengthened and torch.equal(value[:, : ids.shape[1]], ids))
+
+    def hook(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        embedded = output[0] if isinstance(output, tuple) and output else output
+        if found or not isinstance(embedded, Tensor) or not embedded.is_floating_point() or embedded.dim() != 3:
+            return
+        if any(given_ids(value) for value in (*args, *kwargs.values())):
+            found.append(names[module])
+
+    handles = [module.register_forward_hook(hook, with_kwargs=True) for module in names]
+    try:
+        with torch.inference_mode():
+            call()
+    except Exception:  # noqa: BLE001 - a model that raises here raises in the suites, with its message
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None

@@ -100,6 +100,8 @@ MATRIX_MEANING = {"keep": "True = may attend", "ignore": "True = masked out"}
 LAYOUT_NAMES = {"padding": "a padding mask [B, T]", **{k: f"an attention matrix {v}" for k, v in SHAPES.items()}}
 OBJECT_CACHE = ("prefill", "step")
 MODULE_CACHE_SETUP = "setup_caches"
+#: forward parameters that take a cache object: a forward naming one has a cache to audit
+CACHE_KEYWORDS = ("past_kv_cache", "past_key_values", "kv_cache", "cache")
 MODULE_CACHE_POSITIONS = "input_pos"
 MaskLayout = Literal["padding", "matrix", "matrix_heads"]
 #: the shapes a conventional mask keyword is tried in, in order: a padding mask, then an attention matrix
@@ -193,6 +195,13 @@ class ModuleAdapter(Adapter):
         #: "targets" when the forward returns every position's logits only when given targets
         self.targets_keyword = "targets" if "targets" in parameters else None
         self.cache_shape = self._cache_shape(model, capabilities, keywords)
+        unreached = next((name for name in CACHE_KEYWORDS if name in forward_parameters(model)), None)
+        if not capabilities.has_cache and unreached and capabilities.no_cache_reason is None:
+            capabilities = replace(
+                capabilities,
+                no_cache_reason=f"the forward takes a cache ({unreached}=) that has_cache does not declare: give the module "
+                'prefill() and step() and declare has_cache (docs/modules.md, "A cache passed by keyword")',
+            )
         if self.mask_keyword is None and capabilities.takes_attention_mask:
             capabilities = replace(capabilities, takes_attention_mask=False)
         if self.cache_shape == "module" and capabilities.takes_attention_mask:
