@@ -147,6 +147,14 @@ def _pooled(name: str, suite: str, check: str, clean: str, description: str) -> 
     )
 
 
+def _exported(export: str, **bug: bool) -> Any:
+    """An ONNX export (``onnx_exports.NAME``) as the adapter that runs it: written to a
+    temporary folder (a few seconds), removed at exit."""
+    from . import onnx_exports
+
+    return onnx_exports.exported(getattr(onnx_exports, export), **bug)
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in [
@@ -245,6 +253,37 @@ MUTANTS: dict[str, Mutant] = {
                 ("causal_prefix_reaches_suffix", "causal", "future_tokens", PrefixReachesSuffix),
                 ("causal_prefix_read_causally", "causal", "declared_pattern", PrefixReadCausally),
                 ("kv_cache_prefill_forgets_prefix", "kv_cache", "incremental", PrefillForgetsPrefix),
+            )
+        ),
+        *(
+            Mutant(
+                name,
+                suite,
+                check,
+                description,
+                functools.partial(_exported, export, **{bug: True}),
+                functools.partial(_exported, export),
+                requires="onnxruntime",
+            )
+            for name, suite, check, export, bug, description in (
+                (
+                    "onnx_cached_export_forgets_padding",
+                    "kv_cache",
+                    "incremental",
+                    "export_cached",
+                    "forgets_cached_padding",
+                    "an ONNX export of a decoder with its cache whose wrapper gives the model ones for the cached "
+                    "slots: a left-padded prompt's padding is read by every decoding step",
+                ),
+                (
+                    "onnx_float16_export_nan_rows",
+                    "padding",
+                    "pad_ids",
+                    "export_additive",
+                    "half",
+                    "an ONNX export in float16 of a decoder whose additive mask is finfo(float32).min, -inf in "
+                    "float16: a padded query's row turns NaN and the next layer carries it into real tokens",
+                ),
             )
         ),
         _ref("padding_mask_ignored", "padding", "pad_ids", DECODER, decoder=PaddingIgnored),
@@ -537,12 +576,17 @@ CLEAN_PATTERNS = (
 
 def build(name: str) -> Any:
     """Build the mutant ``name`` (a fresh model each call)."""
-    return _mutant(name).build().eval()
+    return _in_eval(_mutant(name).build())
 
 
 def build_clean(name: str) -> Any:
     """The mutant's clean twin: the same model without the bug (what a fixed bundle replays on)."""
-    return _mutant(name).clean().eval()
+    return _in_eval(_mutant(name).clean())
+
+
+def _in_eval(model: Any) -> Any:
+    """A module in eval mode; anything else (an exported graph's adapter) as it is."""
+    return model.eval() if isinstance(getattr(model, "eval", None), Callable) else model  # type: ignore[arg-type]
 
 
 def _mutant(name: str) -> Mutant:

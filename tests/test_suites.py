@@ -22,6 +22,9 @@ MINIMAL_TOKENS = {
     "hf_llama4_cache_reads_previous_chunk": CHUNK + 1,
     "packing_chunks_across_sequences": CHUNKED.attention_chunk + 1,
 }
+#: the fewest rows that show a seeded bug, where more than one: a cache's padding needs a
+#: second, longer prompt to be left-padded beside
+MINIMAL_ROWS = {"onnx_cached_export_forgets_padding": 2}
 MASK_SUITES = suite_names(lambda suite: suite.kind == "mask")  # causal, padding, cross_attention, loss_masking
 NEVER_FAILING = {"pass", "warn", "not_applicable"}
 
@@ -82,7 +85,7 @@ def test_every_seeded_bug_fails_its_suite_for_the_right_reason_shrunk_to_a_minim
     assert check.max_diff is not None and check.threshold is not None
     # A leak is a difference above threshold; a missing influence (a causal encoder, a prefix
     # read causally) is its absence.
-    absent = ("no output is influenced by any later input", "the prefix is read causally")
+    absent = ("no output is influenced by any later input", "the prefix is read causally", "are NaN/inf")
     assert check.max_diff > check.threshold or any(reason in check.message for reason in absent)
     assert result.exit_code == 1
     if mutant.check not in FIXED_SIZE_CHECKS:
@@ -118,7 +121,7 @@ def assert_minimal(name: str, case: dict | None) -> None:
     else:
         rows = case.get("batch", len(case.get("lengths", case.get("source_lengths", ()))))
         tokens = case.get("length") or max(case.get("lengths", case.get("source_lengths", (0,)))) + case.get("extra", 0)
-    assert rows == 1, case
+    assert rows <= MINIMAL_ROWS.get(name, 1), case
     assert tokens <= MINIMAL_TOKENS.get(name, 4), case
 
 

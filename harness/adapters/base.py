@@ -447,6 +447,8 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
 
     #: whether :meth:`layer_attention_masks` can measure each layer's attention
     shows_layer_attention = False
+    #: why the model has no backward to audit, where that is what it is (an exported graph)
+    no_backward_reason: str | None = None
 
     def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
         """Per layer, ``[T, T]`` True where some head of that layer gives a query's attention to

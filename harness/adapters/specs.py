@@ -8,6 +8,7 @@
 | ``mutant:NAME`` | a seeded bug from ``maskcheck.reference_models.mutants`` |
 | ``hf:DIR`` | a Hugging Face directory (config.json + safetensors) |
 | ``module:pkg.mod:factory`` | a factory returning a PreTrainedModel, an nn.Module or an adapter |
+| ``onnx:PATH`` | an exported ONNX graph, run by ONNX Runtime (``maskcheck[onnx]``) |
 
 Every problem is a :class:`SpecError` with a one-line message.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMES = ("ref", "mutant", "hf", "module")
+SCHEMES = ("ref", "mutant", "hf", "module", "onnx")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -94,7 +95,14 @@ def load_adapter(spec: str, options: LoadOptions | None = None) -> Any:
     parsed = parse_spec(spec)
     device = resolve_device(options.device)
     dtype = torch_dtype(options.dtype)
-    loader = {"ref": _load_reference, "mutant": _load_mutant, "hf": _load_hf, "module": _load_module}[parsed.scheme]
+    loaders = {
+        "ref": _load_reference,
+        "mutant": _load_mutant,
+        "hf": _load_hf,
+        "module": _load_module,
+        "onnx": _load_onnx,
+    }
+    loader = loaders[parsed.scheme]
     adapter = loader(parsed.target, options, device, dtype)
     adapter.spec = str(parsed)
     adapter.load_options = options  # a reproduction bundle records how the spec was loaded
@@ -286,6 +294,26 @@ def _coerce(value: Any, current: Any) -> Any:
     if isinstance(current, float):
         return float(value)
     return value
+
+
+def _load_onnx(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:
+    """An exported graph, as it is: its dtype is the graph's, and it runs on ONNX Runtime's CPU provider."""
+    from .onnx_models import OnnxAdapter, OnnxLoadError
+
+    if device != "cpu":
+        raise SpecError(
+            f"onnx:{target}: an ONNX graph runs on ONNX Runtime's CPU provider here: drop --device {device}"
+        )
+    try:
+        adapter = OnnxAdapter(target, f"onnx:{target}")
+    except OnnxLoadError as exc:
+        raise SpecError(str(exc)) from None
+    asked = None if dtype is None else str(dtype).removeprefix("torch.")
+    if asked is not None and asked != adapter.capabilities.dtype:
+        raise SpecError(
+            f"onnx:{target}: the graph computes in {adapter.capabilities.dtype}, as exported: drop --dtype {asked}"
+        )
+    return adapter
 
 
 def _load_mutant(target: str, options: LoadOptions, device: str, dtype: Any) -> Any:

@@ -356,7 +356,9 @@ CANONICAL_AVAILABLE = PathAvailability(CANONICAL)
 def path_environment(adapter: Adapter, context: RunContext) -> list[dict[str, Any]]:
     """The call paths an audit runs, each with why it cannot where it cannot: the report's
     list (checks each say which of them they ran)."""
-    backward = None if adapter.embedding_module() is not None else "the model has no nn.Embedding to differentiate"
+    backward = None
+    if adapter.embedding_module() is None:
+        backward = adapter.no_backward_reason or "the model has no nn.Embedding to differentiate"
     others = [a for a in adapter.paths() if context.paths is None or a.path.name in context.paths]
     if context.path_examples == 0:
         others = []  # a profile that gives the other paths no cases runs none

@@ -253,6 +253,15 @@ class PairedAdapter(DecodesThroughOwnCalls):
 
     # -- backwards compared: the positions each gradient reaches ---------------------------
 
+    def embedding_module(self) -> Any:
+        """A's token embedding, where both have a backward to compare (an exported graph has none)."""
+        return self.a.embedding_module() if self.b.no_backward_reason is None else None
+
+    @property
+    def no_backward_reason(self) -> str | None:
+        reason = self.a.no_backward_reason or self.b.no_backward_reason
+        return None if reason is None else f"{'A' if self.a.no_backward_reason else 'B'}: {reason}"
+
     def input_gradients(self, batch: Batch, outputs: Tensor, seed: int) -> tuple[Tensor, Tensor]:
         a_norms, a_logits = self.a.input_gradients(batch, outputs, seed)
         b_norms, b_logits = self._on_b(lambda: self.b.input_gradients(batch, outputs, seed))

@@ -17,6 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..adapters.memo import forward_memo
 from ..adapters.specs import adapter_for, load_adapter
 from ..engine.batching import run_alone
@@ -341,6 +343,8 @@ def compare_check(
     message = checked.message
     if located is not None:
         message += f"; {located.describe()}"
+    elif parting is not None and not hookable(paired):
+        message += "; no module is named: an exported graph's nodes cannot be hooked, so the smallest parting case is the answer"
     elif parting is not None:
         message += "; no matched module differs: the two part in what is computed outside the models' modules"
     written = None
@@ -353,12 +357,19 @@ def compare_check(
     return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases, written)
 
 
+def hookable(paired: PairedAdapter) -> bool:
+    """Whether both models are modules whose outputs hooks can record (an exported graph is not)."""
+    return all(isinstance(side.model, torch.nn.Module) for side in (paired.a, paired.b))
+
+
 def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_map: Any) -> FirstDifference | None:
     """The first module at which A and B part in ``parting``'s call, made again on both with
     hooks: the first whose output differs, or for a backward that parts, the first whose
     output's gradient differs, going backward (``gradients.py``); None where no matched
     module differs (a loss's backward to the logits: the loss is no module)."""
     recorded = module_output_gradients if parting.kind == "gradients" else module_outputs
+    if not hookable(paired):
+        return None  # an exported graph has no modules to hook: the parting case is what is given
     records = []
     with forward_memo(False):  # the hooks must see the call made, not a remembered result
         for adapter in (paired.a, paired.b):

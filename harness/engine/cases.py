@@ -209,7 +209,9 @@ def gradient_check(adapter: Adapter, name: str, evaluate: Callable[[Any], Outcom
     model without a token embedding to differentiate. It runs once, on the training forward
     it differentiates: the call paths do not apply to it."""
     if adapter.embedding_module() is None:
-        reason = "the model has no nn.Embedding whose output can be differentiated (name one in maskcheck_embedding)"
+        reason = adapter.no_backward_reason or (
+            "the model has no nn.Embedding whose output can be differentiated (name one in maskcheck_embedding)"
+        )
         return CheckResult(name, "not_applicable", reason)
     return Check(
         name,

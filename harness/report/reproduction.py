@@ -129,16 +129,19 @@ def absolute_spec(spec: str) -> str | None:
     scheme, _, target = spec.partition(":")
     if scheme in ("hf", "ref") and ("/" in target or target.endswith(".safetensors")):
         return f"{scheme}:{os.path.abspath(target.split(' as ')[0])}"
+    if scheme == "onnx":  # a graph is named by its path (and its hash, weights_hash)
+        return f"onnx:{os.path.abspath(target)}"
     return spec
 
 
 def weights_hash(spec: str | None) -> str | None:
-    """SHA-256 over the weight files behind a path spec (None for presets, mutants, factories)."""
+    """SHA-256 over the weight files behind a path spec, an ONNX graph's file included (None
+    for presets, mutants, factories)."""
     if spec is None:
         return None
     scheme, _, target = spec.partition(":")
     path = Path(target)
-    if scheme not in ("hf", "ref") or not path.exists():
+    if scheme not in ("hf", "ref", "onnx") or not path.exists():
         return None
     from ...reference_models import weights_hash as file_hash
 

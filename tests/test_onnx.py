@@ -1,0 +1,101 @@
+"""Exported ONNX graphs audited as deployed (``onnx:PATH``, ONNX Runtime's CPU provider): a
+clean export gets its PyTorch model's verdict on every check both run, and compare verifies
+an export against its model. The seeded export bugs are in the catalogue (tests/test_suites.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from maskcheck import audit, compare, load_adapter
+from maskcheck.harness.adapters.hf import HFAdapter
+from maskcheck.harness.adapters.specs import SpecError
+from maskcheck.reference_models import onnx_exports
+from maskcheck.reference_models.hf_tiny import tiny_model
+
+pytest.importorskip("onnxruntime")  # the dev extra installs it (maskcheck[onnx] for users)
+
+SUITES = ["causal", "padding", "kv_cache", "serving"]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The clean exports, written once (a few seconds each)."""
+    root = tmp_path_factory.mktemp("onnx")
+    return {
+        "gpt2": onnx_exports.export_hf("gpt2", root / "gpt2" / "model.onnx"),
+        "llama": onnx_exports.export_hf("llama", root / "llama" / "model.onnx"),
+        "cached": onnx_exports.export_cached(root / "cached" / "model.onnx"),
+    }
+
+
+def verdicts(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {f"{s.name}/{c.name}": c.status for s in result.suites for c in s.checks if c.status != "not_applicable"}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "cached"])
+def test_a_clean_export_gets_its_models_verdict_on_every_check_both_run(name: str, exports: dict[str, Path]) -> None:
+    graph = audit(f"onnx:{exports[name]}", SUITES, paths=("canonical",))
+    model = onnx_exports.cached_model() if name == "cached" else HFAdapter(tiny_model(name, "sdpa"))
+    reference = audit(model, SUITES, paths=("canonical",))
+    shared = verdicts(graph).keys() & verdicts(reference).keys()
+    assert {"causal/future_tokens", "padding/pad_ids", "padding/padded_vs_unpadded"} <= shared
+    assert {check: verdicts(graph)[check] for check in shared} == {
+        check: verdicts(reference)[check] for check in shared
+    }
+    if name == "cached":
+        assert {verdicts(graph)[c] for c in ("kv_cache/incremental", "kv_cache/greedy_generation")} == {"pass"}
+
+
+@pytest.mark.call_paths
+def test_what_a_graph_cannot_do_says_why(exports: dict[str, Path]) -> None:
+    result = audit(f"onnx:{exports['gpt2']}", ["causal", "kv_cache", "norm_checkpoint"])
+    checks = {c.name: c for s in result.suites for c in s.checks}
+    assert checks["future_gradients"].message == "an ONNX graph is run for inference only: it has no gradients to audit"
+    assert "exported without a cache" in result.suite("kv_cache").checks[0].message
+    assert result.suite("norm_checkpoint").status == "not_applicable"
+    paths = {p["path"]: p["unavailable"] for p in result.environment["paths"]}
+    assert "inputs have no defaults" in paths["bare_call"] and paths["mask_of_ones"] is None
+    graph = load_adapter(f"onnx:{exports['gpt2']}").describe()["graph"]
+    assert len(graph["sha256"]) == 64 and graph["opset"] and graph["producer"].startswith("pytorch")
+
+
+def test_compare_verifies_an_export_against_its_model(exports: dict[str, Path]) -> None:
+    spec = "module:maskcheck.reference_models.onnx_exports:cached_model"
+    clean = compare(spec, f"onnx:{exports['cached']}", ["kv_cache"])
+    assert clean.status == "pass", clean
+
+
+def test_compare_says_where_an_export_parts_without_naming_a_module(tmp_path: Path) -> None:
+    spec = "module:maskcheck.reference_models.onnx_exports:cached_model"
+    buggy = onnx_exports.export_cached(tmp_path / "model.onnx", forgets_cached_padding=True)
+    result = compare(spec, f"onnx:{buggy}", ["kv_cache"], bundle_dir=tmp_path / "report")
+    assert result.status == "fail"
+    message = " ".join(check.message for suite in result.suites for check in suite.checks)
+    assert "B parts from A in cached decoding" in message and "no module is named" in message
+
+
+def test_a_file_that_is_no_graph_or_reads_outside_its_folder_is_one_line(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(b"\x08\x07not an onnx graph")
+    with pytest.raises(SpecError, match="is not an ONNX graph"):
+        load_adapter(f"onnx:{truncated}")
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
+    weight.data_location = TensorProto.EXTERNAL
+    weight.ClearField("float_data")
+    weight.external_data.add(key="location", value="../outside.bin")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["logits"])], "g", [],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1])], [weight],
+    )  # fmt: skip
+    escaping = tmp_path / "folder" / "model.onnx"
+    escaping.parent.mkdir()
+    onnx.save(helper.make_model(graph), str(escaping))
+    with pytest.raises(SpecError, match="lies outside the graph's folder; not read"):
+        load_adapter(f"onnx:{escaping}")
+    with pytest.raises(SpecError, match="no such ONNX file"):
+        load_adapter(f"onnx:{tmp_path / 'missing.onnx'}")
