@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-
 from pathlib import Path
 from typing import Any
 

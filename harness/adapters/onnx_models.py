@@ -35,6 +35,7 @@ PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
 DECLARED = ("family", "vocab_size", "pad_token_id", "eos_token_id", "padding_side", "max_length", "attention", "window")
 NO_BACKWARD = "an ONNX graph is run for inference only: it has no gradients to audit"
 NO_DEFAULTS = "an ONNX graph's inputs have no defaults: every call passes every input"
+NO_CACHE = "the graph has no past_key_values inputs (exported without a cache)"
 
 
 class OnnxLoadError(ValueError):

@@ -344,7 +344,7 @@ def compare_check(
     if located is not None:
         message += f"; {located.describe()}"
     elif parting is not None and not hookable(paired):
-        message += "; no module is named: an exported graph's nodes cannot be hooked, so the smallest parting case is the answer"
+        message += "; no module is named: an exported graph's nodes cannot be hooked (the smallest case is the answer)"
     elif parting is not None:
         message += "; no matched module differs: the two part in what is computed outside the models' modules"
     written = None
