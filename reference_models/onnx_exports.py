@@ -6,7 +6,7 @@ through a wrapper that takes what the graph is audited with, under optimum's nam
 ``input_ids``, ``attention_mask``, ``position_ids`` (and ``past_key_values.N.key/value``)
 in, ``logits`` (and ``present.N.key/value``) out. Writing one takes a few seconds.
 
-- :func:`export_hf` (GPT-2, Llama; no cache), traced on a left-padded example.
+- :func:`export_hf` (GPT-2, Llama), with the cache or without, traced on a left-padded example.
 - :func:`export_cached` (the reference decoder, with its cache as inputs and outputs):
   ``forgets_cached_padding=True`` writes the wrapper a careless export script writes, which
   passes the model the new tokens' mask and ones for the cached slots: a prefill and an
@@ -102,7 +102,13 @@ class AdditiveMaskDecoder(nn.Module):
         self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(layers))
         self.head = nn.Linear(width, vocab)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # counted over real tokens
         x = self.embed(input_ids) + self.position(position_ids)  # [B, T, D]
         index = torch.arange(input_ids.shape[1], device=input_ids.device)
         allowed = (index[None, :] <= index[:, None])[None] & attention_mask.bool()[:, None, :]  # [B, T, T]
@@ -113,18 +119,63 @@ class AdditiveMaskDecoder(nn.Module):
         return self.head(x)  # [B, T, V]
 
 
-def export_hf(name: str, path: str | Path) -> Path:
-    """A tiny transformers causal LM (``hf_tiny.tiny_model(name)``) exported without a cache."""
+class CachedLogitsExport(nn.Module):
+    """``forward(input_ids, attention_mask [B, T_past + T], position_ids, k0, v0, k1, v1) ->
+    (logits, k0', v0', k1', v1')`` of a two-layer transformers causal LM: the arrays become
+    the ``DynamicCache`` the model reads and extends."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(  # two layers (the tiny models'): the exporter takes named arguments, not *past
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        k0: Tensor,
+        v0: Tensor,
+        k1: Tensor,
+        v1: Tensor,
+    ) -> tuple:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for layer, (keys, values) in enumerate(((k0, v0), (k1, v1))):
+            cache.update(keys, values, layer)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
+            use_cache=True,
+        )  # fmt: skip
+        layers = out.past_key_values.layers
+        return (out.logits, *(t for layer in layers for t in (layer.keys, layer.values)))
+
+
+def export_hf(name: str, path: str | Path, cache: bool = False) -> Path:
+    """A tiny transformers causal LM (``hf_tiny.tiny_model(name)``), exported with its cache or without."""
     from .hf_tiny import tiny_model
 
     model = tiny_model(name, "sdpa")
-    ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding: the trace takes the padded path
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-    shapes = {name: {0: batch, 1: length} for name in ("input_ids", "attention_mask", "position_ids")}
-    return _export(LogitsExport(model), (ids, mask, positions), shapes, ["logits"], path)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, 7 if not cache else 3), generator=generator)
+    if not cache:
+        mask = torch.ones_like(ids)
+        mask[0, :2] = 0  # left padding: the trace takes the padded path
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+        shapes = {name: {0: batch, 1: length} for name in ("input_ids", "attention_mask", "position_ids")}
+        return _export(LogitsExport(model), (ids, mask, positions), shapes, ["logits"], path)
+    config = model.config
+    assert config.num_hidden_layers == 2, "CachedLogitsExport takes two layers"
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    width = config.hidden_size // config.num_attention_heads
+    past = tuple(torch.randn(2, heads, 2, width, generator=generator) for _ in range(4))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, 0] = 0  # a left-padded row in the traced cache
+    positions = torch.tensor([[1, 2, 3], [2, 3, 4]])
+    return _export(
+        CachedLogitsExport(model), (ids, mask, positions, *past), _cached_shapes(2), _cached_outputs(2), path
+    )
 
 
 def cached_model() -> Transformer:
@@ -144,17 +195,24 @@ def export_cached(path: str | Path, forgets_cached_padding: bool = False) -> Pat
     positions = torch.tensor([[1, 2, 3], [2, 3, 4]])
     heads, width = CACHED.kv_heads, CACHED.head_dim
     past = tuple(torch.randn(2, heads, 2, width, generator=generator) for _ in range(2 * CACHED.n_layers))
-    layers = range(CACHED.n_layers)
-    past_names = [f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")]
-    present_names = [f"present.{i}.{kind}" for i in layers for kind in ("key", "value")]
+    shapes, outputs = _cached_shapes(CACHED.n_layers), _cached_outputs(CACHED.n_layers)
+    return _export(export, (ids, mask, positions, *past), shapes, outputs, path)
+
+
+def _cached_shapes(layers: int) -> dict[str, Any]:
+    """A cached export's inputs, by optimum's names, and their dynamic dimensions."""
     batch, length, past_length = torch.export.Dim("batch"), torch.export.Dim("length"), torch.export.Dim("past")
-    shapes = {
+    past_names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    return {
         "input_ids": {0: batch, 1: length},
         "attention_mask": {0: batch, 1: torch.export.Dim("total")},  # the cache's tokens, then the new ones
         "position_ids": {0: batch, 1: length},
         **{name: {0: batch, 2: past_length} for name in past_names},
     }
-    return _export(export, (ids, mask, positions, *past), shapes, ["logits", *present_names], path)
+
+
+def _cached_outputs(layers: int) -> list[str]:
+    return ["logits", *(f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value"))]
 
 
 def export_additive(path: str | Path, half: bool = False) -> Path:

@@ -14,6 +14,7 @@ from maskcheck.harness.adapters.specs import SpecError
 from maskcheck.reference_models import onnx_exports
 from maskcheck.reference_models.hf_tiny import tiny_model
 
+pytest_plugins = ["pytester"]
 pytest.importorskip("onnxruntime")  # the dev extra installs it (maskcheck[onnx] for users)
 
 SUITES = ["causal", "padding", "kv_cache", "serving"]
@@ -26,7 +27,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "gpt2": onnx_exports.export_hf("gpt2", root / "gpt2" / "model.onnx"),
         "llama": onnx_exports.export_hf("llama", root / "llama" / "model.onnx"),
+        "llama_cached": onnx_exports.export_hf("llama", root / "llama_cached" / "model.onnx", cache=True),
+        "gpt2_cached": onnx_exports.export_hf("gpt2", root / "gpt2_cached" / "model.onnx", cache=True),
         "cached": onnx_exports.export_cached(root / "cached" / "model.onnx"),
+        "plain": onnx_exports.export_additive(root / "plain" / "model.onnx"),
     }
 
 
@@ -34,18 +38,25 @@ def verdicts(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {f"{s.name}/{c.name}": c.status for s in result.suites for c in s.checks if c.status != "not_applicable"}
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "cached"])
+def pytorch_model(name: str) -> object:
+    """The model an export of ``name`` was written from."""
+    if name == "cached":
+        return onnx_exports.cached_model()
+    if name == "plain":
+        return onnx_exports.AdditiveMaskDecoder().eval()
+    return HFAdapter(tiny_model(name.removesuffix("_cached"), "sdpa"))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2_cached", "llama_cached", "cached", "plain"])
 def test_a_clean_export_gets_its_models_verdict_on_every_check_both_run(name: str, exports: dict[str, Path]) -> None:
     graph = audit(f"onnx:{exports[name]}", SUITES, paths=("canonical",))
-    model = onnx_exports.cached_model() if name == "cached" else HFAdapter(tiny_model(name, "sdpa"))
-    reference = audit(model, SUITES, paths=("canonical",))
-    shared = verdicts(graph).keys() & verdicts(reference).keys()
+    reference = audit(pytorch_model(name), SUITES, paths=("canonical",))
+    graph_verdicts, model_verdicts = verdicts(graph), verdicts(reference)
+    shared = graph_verdicts.keys() & model_verdicts.keys()
     assert {"causal/future_tokens", "padding/pad_ids", "padding/padded_vs_unpadded"} <= shared
-    assert {check: verdicts(graph)[check] for check in shared} == {
-        check: verdicts(reference)[check] for check in shared
-    }
-    if name == "cached":
-        assert {verdicts(graph)[c] for c in ("kv_cache/incremental", "kv_cache/greedy_generation")} == {"pass"}
+    assert {check: graph_verdicts[check] for check in shared} == {check: model_verdicts[check] for check in shared}
+    if name.endswith("cached"):
+        assert {graph_verdicts[c] for c in ("kv_cache/incremental", "kv_cache/greedy_generation")} == {"pass"}
 
 
 @pytest.mark.call_paths
@@ -99,3 +110,15 @@ def test_a_file_that_is_no_graph_or_reads_outside_its_folder_is_one_line(tmp_pat
         load_adapter(f"onnx:{escaping}")
     with pytest.raises(SpecError, match="no such ONNX file"):
         load_adapter(f"onnx:{tmp_path / 'missing.onnx'}")
+
+
+def test_the_plugin_audits_an_export_like_any_spec(pytester: pytest.Pytester, exports: dict[str, Path]) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    spec = f"onnx:{exports['llama_cached']}"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "--maskcheck-model", spec, "--maskcheck-suites", "causal,kv_cache",
+        "--maskcheck-profile", "dev",
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 3 and "failed" not in outcomes, result.stdout.str()[-3000:]
+    assert "no gradients to audit" in result.stdout.str()  # what a graph cannot run is said, as a warning
