@@ -156,6 +156,8 @@ def export_hf(name: str, path: str | Path, cache: bool = False) -> Path:
     from .hf_tiny import tiny_model
 
     model = tiny_model(name, "sdpa")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    model.config.to_json_file(Path(path).parent / "config.json")  # beside the graph, as optimum writes it
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (2, 7 if not cache else 3), generator=generator)
     if not cache:

@@ -5,6 +5,7 @@ install line, a GPU, a long benchmark, a checkpoint trained first) says so on it
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -44,10 +45,15 @@ def documented_commands(page: Path) -> list[tuple[str, int | None]]:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """What the pages' commands expect beside them: a checkpoint directory and the examples."""
+    """What the pages' commands expect beside them: a checkpoint directory, its export to ONNX,
+    and the examples."""
     from maskcheck.reference_models.hf_tiny import tiny_model
 
     tiny_model("gpt2").save_pretrained(tmp_path / "my-checkpoint")
+    if importlib.util.find_spec("onnxruntime") is not None:  # the dev extra: the same model, exported with its cache
+        from maskcheck.reference_models.onnx_exports import export_hf
+
+        export_hf("gpt2", tmp_path / "exports" / "model.onnx", cache=True)
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     (tmp_path / "docs").mkdir()
     return tmp_path

@@ -449,6 +449,8 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
     shows_layer_attention = False
     #: why the model has no backward to audit, where that is what it is (an exported graph)
     no_backward_reason: str | None = None
+    #: whether the model can be called without its optional inputs (an exported graph cannot)
+    inputs_have_defaults = True
 
     def layer_attention_masks(self, input_ids: Tensor) -> list[Tensor]:
         """Per layer, ``[T, T]`` True where some head of that layer gives a query's attention to

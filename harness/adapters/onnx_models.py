@@ -117,6 +117,7 @@ class OnnxAdapter(Adapter):
     """An ONNX graph run by ONNX Runtime's CPU provider (or ``provider``), one session."""
 
     no_backward_reason = NO_BACKWARD
+    inputs_have_defaults = False
 
     def __init__(self, path: str | Path, spec: str | None = None, provider: str = "CPUExecutionProvider") -> None:
         try:

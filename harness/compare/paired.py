@@ -15,6 +15,8 @@ on the last operation only (``layers.py``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -128,6 +130,15 @@ class PairedAdapter(DecodesThroughOwnCalls):
         if name in ("a", "b", "recorder"):  # not set yet (a copy being made): not A's
             raise AttributeError(name)
         return getattr(self.a, name)
+
+    @property
+    def capabilities(self) -> Any:
+        """A's, except that a call B cannot be given is not planned: an exported graph's
+        inputs have no defaults, so a call without position ids exists for A alone."""
+        caps = self.a.capabilities
+        if not self.b.inputs_have_defaults and caps.takes_position_ids:
+            caps = dataclasses.replace(caps, derives_positions_from_mask=True)
+        return caps
 
     # -- variants of the adapter, paired -------------------------------------------------
 
