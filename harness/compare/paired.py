@@ -16,7 +16,6 @@ on the last operation only (``layers.py``).
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
