@@ -47,15 +47,11 @@ class LogitsExport(nn.Module):
         return out.logits
 
 
-class CachedExport(nn.Module):
-    """The reference decoder with its cache as arrays: ``forward(input_ids [B, T],
-    attention_mask [B, T_past + T], position_ids [B, T], k0, v0, k1, v1 ...) -> (logits,
-    k0', v0', ...)``, each ``[B, H, T_past (+ T), D]``."""
-
-    def __init__(self, model: Transformer, forgets_cached_padding: bool = False) -> None:
-        super().__init__()
-        self.model = model
-        self.forgets_cached_padding = forgets_cached_padding
+class TwoLayerCacheExport(nn.Module):
+    """A wrapper whose forward takes a two-layer cache as arrays, ``forward(input_ids [B, T],
+    attention_mask [B, T_past + T], position_ids [B, T], k0, v0, k1, v1) -> (logits, k0',
+    v0', k1', v1')``, each ``[B, H, T_past (+ T), D]``: the exporter takes named arguments,
+    not ``*past``. Subclasses run the model in :meth:`run`."""
 
     def forward(
         self,
@@ -67,9 +63,22 @@ class CachedExport(nn.Module):
         k1: Tensor,
         v1: Tensor,
     ) -> tuple:
-        past = (k0, v0, k1, v1)  # two layers (CACHED): the exporter takes named arguments, not *past
-        batch, length = input_ids.shape
-        past_length = past[0].shape[2]
+        return self.run(input_ids, attention_mask, position_ids, (k0, v0, k1, v1))
+
+    def run(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, past: tuple[Tensor, ...]) -> tuple:
+        raise NotImplementedError
+
+
+class CachedExport(TwoLayerCacheExport):
+    """The reference decoder (:data:`CACHED`) with its cache as arrays."""
+
+    def __init__(self, model: Transformer, forgets_cached_padding: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.forgets_cached_padding = forgets_cached_padding
+
+    def run(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, past: tuple[Tensor, ...]) -> tuple:
+        batch, past_length = input_ids.shape[0], past[0].shape[2]
         if self.forgets_cached_padding:  # the bug: every cached slot taken for a real token
             cached = torch.ones_like(attention_mask[:, :past_length])
             attention_mask = torch.cat([cached, attention_mask[:, past_length:]], dim=1)  # [B, T_past + T]
@@ -78,9 +87,7 @@ class CachedExport(nn.Module):
             values=tuple(past[1::2]),
             real=attention_mask[:, :past_length].bool(),
             positions=torch.zeros(batch, past_length, dtype=torch.long, device=input_ids.device),
-            token_embeddings=torch.zeros(
-                batch, 0, self.model.config.d_model, device=input_ids.device
-            ),  # no token shift
+            token_embeddings=torch.zeros(batch, 0, self.model.config.d_model, device=input_ids.device),  # no shift
         )
         out = self.model(input_ids, attention_mask.bool(), position_ids, cache=cache)  # bool: no data-dependent check
         assert out.cache is not None
@@ -119,29 +126,19 @@ class AdditiveMaskDecoder(nn.Module):
         return self.head(x)  # [B, T, V]
 
 
-class CachedLogitsExport(nn.Module):
-    """``forward(input_ids, attention_mask [B, T_past + T], position_ids, k0, v0, k1, v1) ->
-    (logits, k0', v0', k1', v1')`` of a two-layer transformers causal LM: the arrays become
-    the ``DynamicCache`` the model reads and extends."""
+class CachedLogitsExport(TwoLayerCacheExport):
+    """A two-layer transformers causal LM with its cache as arrays: they become the
+    ``DynamicCache`` the model reads and extends."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(  # two layers (the tiny models'): the exporter takes named arguments, not *past
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        position_ids: Tensor,
-        k0: Tensor,
-        v0: Tensor,
-        k1: Tensor,
-        v1: Tensor,
-    ) -> tuple:
+    def run(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, past: tuple[Tensor, ...]) -> tuple:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        for layer, (keys, values) in enumerate(((k0, v0), (k1, v1))):
+        for layer, (keys, values) in enumerate(zip(past[0::2], past[1::2])):
             cache.update(keys, values, layer)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
