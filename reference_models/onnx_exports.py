@@ -228,14 +228,12 @@ def export_additive(path: str | Path, half: bool = False) -> Path:
     return _export(model, (ids, mask, positions), shapes, ["logits"], path)
 
 
-def exported(export: Any, *args: Any, **kwargs: Any) -> Any:
-    """An :class:`OnnxAdapter` of ``export(path, ...)`` written to a folder removed at exit
-    (the seeded export bugs' and their clean twins' builder)."""
-    from ..harness.adapters.onnx_models import OnnxAdapter
-
+def exported(export: Any, *args: Any, **kwargs: Any) -> Path:
+    """The graph ``export(path, ...)`` writes, in a folder removed at exit (the seeded export
+    bugs' and their clean twins' builder); ``maskcheck.adapter_for`` runs a ``.onnx`` path."""
     folder = Path(tempfile.mkdtemp(prefix="maskcheck-onnx-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return OnnxAdapter(export(folder / "model.onnx", *args, **kwargs))
+    return export(folder / "model.onnx", *args, **kwargs)
 
 
 def _export(module: nn.Module, args: tuple, shapes: dict[str, Any], outputs: list[str], path: str | Path) -> Path:

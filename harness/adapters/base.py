@@ -646,6 +646,16 @@ class Adapter(MemoisedCalls, GradientCalls, abc.ABC):
     def _generate(self, batch: Batch, new_tokens: int, use_cache: bool) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def _probe_batch(self, ids: Tensor) -> Batch:
+        """One unpadded row of ``ids [1, T]`` on the predicted side (an encoder-decoder's decoder,
+        beside a source of another length, so only the decoder's ids match them)."""
+        if self.capabilities.family != "encoder_decoder":
+            return Batch(ids)
+        source = ids[:, :4].flip(-1)
+        return Batch(
+            source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=torch.ones_like(ids)
+        )
+
     def _check_eval(self) -> None:
         if isinstance(self.model, torch.nn.Module) and self.model.training:
             raise AdapterError(

@@ -28,6 +28,7 @@ class GradientCalls:
     _logits: Any
     _loss: Any
     _check_eval: Any
+    _probe_batch: Any
 
     def embedding_module(self) -> Any:
         """The module whose output is the token embeddings, for :meth:`input_gradients`: the one
@@ -50,16 +51,9 @@ class GradientCalls:
         (a copy of the adapter on another model measures again)."""
         model_id, name = getattr(self, "_embedding_measured", (None, None))
         if model_id != id(self.model):
-            from .base import Batch
-
             vocab = self.capabilities.vocab_size
             ids = torch.tensor([[5, 9, 3, 7, 11, 4]], device=self.capabilities.device) % max(vocab - 1, 1) + 1
-            mask = torch.ones_like(ids)
-            if self.capabilities.family == "encoder_decoder":
-                source = ids[:, :4].flip(-1)  # another length: only the decoder's ids match
-                probe = Batch(source, torch.ones_like(source), decoder_input_ids=ids, decoder_attention_mask=mask)
-            else:
-                probe = Batch(ids)
+            probe = self._probe_batch(ids)
             name = measure_embedding(self.model, lambda: self._logits(probe), ids)
             self._embedding_measured = (id(self.model), name)
         return name

@@ -117,6 +117,8 @@ def adapter_for(
 
     if isinstance(model, Adapter):
         return model
+    if isinstance(model, Path) and model.suffix == ".onnx":  # an exported graph's file
+        return _load_onnx(str(model), LoadOptions(), device or "cpu", dtype)
     from ...reference_models import Transformer
 
     if isinstance(model, Transformer):
