@@ -214,8 +214,10 @@ def _cached_outputs(layers: int) -> list[str]:
     return ["logits", *(f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value"))]
 
 
-def export_additive(path: str | Path, half: bool = False) -> Path:
-    """:class:`AdditiveMaskDecoder` exported in float32, or in float16 (``half``)."""
+def export_additive(path: str | Path, half: bool = False, external_data: bool = False) -> Path:
+    """:class:`AdditiveMaskDecoder` exported in float32, or in float16 (``half``); with
+    ``external_data``, its weights in a file beside the graph (``model.onnx.data``), as the
+    exporter writes a large model's."""
     model = AdditiveMaskDecoder().eval()
     if half:
         model = model.half()
@@ -225,7 +227,7 @@ def export_additive(path: str | Path, half: bool = False) -> Path:
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     shapes = {name: {0: batch, 1: length} for name in ("input_ids", "attention_mask", "position_ids")}
-    return _export(model, (ids, mask, positions), shapes, ["logits"], path)
+    return _export(model, (ids, mask, positions), shapes, ["logits"], path, external_data)
 
 
 def exported(export: Any, *args: Any, **kwargs: Any) -> Path:
@@ -236,7 +238,9 @@ def exported(export: Any, *args: Any, **kwargs: Any) -> Path:
     return export(folder / "model.onnx", *args, **kwargs)
 
 
-def _export(module: nn.Module, args: tuple, shapes: dict[str, Any], outputs: list[str], path: str | Path) -> Path:
+def _export(
+    module: nn.Module, args: tuple, shapes: dict[str, Any], outputs: list[str], path: str | Path, external: bool = False
+) -> Path:
     """``torch.onnx.export`` (dynamo) of ``module`` on ``args``, the inputs named and their
     dynamic dimensions given by ``shapes`` (in the order of ``args``), into one file."""
     import contextlib
@@ -247,6 +251,6 @@ def _export(module: nn.Module, args: tuple, shapes: dict[str, Any], outputs: lis
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress
         torch.onnx.export(
             module.eval(), args, str(path), input_names=list(shapes), output_names=outputs,
-            dynamic_shapes=tuple(shapes.values()), dynamo=True, external_data=False,
+            dynamic_shapes=tuple(shapes.values()), dynamo=True, external_data=external,
         )  # fmt: skip
     return path

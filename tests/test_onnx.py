@@ -87,6 +87,15 @@ def test_compare_says_where_an_export_parts_without_naming_a_module(tmp_path: Pa
     assert "B parts from A in cached decoding" in message and "no module is named" in message
 
 
+def test_a_graph_with_its_weights_beside_it_is_audited(tmp_path: Path) -> None:
+    graph = onnx_exports.export_additive(tmp_path / "model.onnx", external_data=True)
+    assert (tmp_path / "model.onnx.data").is_file()
+    assert audit(f"onnx:{graph}", ["padding"]).suite("padding").status == "pass"
+    (tmp_path / "model.onnx.data").unlink()
+    with pytest.raises(SpecError, match="weight file 'model.onnx.data' is missing beside it"):
+        load_adapter(f"onnx:{graph}")
+
+
 def test_a_file_that_is_no_graph_or_reads_outside_its_folder_is_one_line(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
