@@ -114,11 +114,10 @@ class Block(nn.Module):
         return norm(x + sublayer(x))
 
     def keys_values(
-        self, x: Tensor, past: tuple[Tensor, Tensor] | None, rotary: tuple[Tensor, Tensor] | None
+        self, h: Tensor, past: tuple[Tensor, Tensor] | None, rotary: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor]:
         """The self-attention's keys and values ``[B, Hkv, T_past + T, Dh]``: the cached ones,
-        then those of ``x [B, T, D]`` (keys rotated); the cache keeps them as they are."""
-        h = self.self_norm(x) if self.pre_norm else x
+        then those of the sublayer's input ``h [B, T, D]`` (keys rotated); the cache keeps them."""
         k, v = self.self_attn.project_kv(h)  # [B, Hkv, T, Dh] each
         if rotary is not None:
             k = apply_rotary(k, *rotary)
@@ -138,8 +137,10 @@ class Block(nn.Module):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x [B, T, D]``, ``mask [B, T, T_past + T]`` (True = may attend); returns the layer's
         output and its keys and values for the cache."""
-        k, v = self.keys_values(x, past, rotary)
-        x = self._residual(x, self.self_norm, lambda h: self.self_attn(h, k, v, mask, rotary, bias))
+        h = self.self_norm(x) if self.pre_norm else x  # the self-attention sublayer's input
+        k, v = self.keys_values(h, past, rotary)
+        attended = self.self_attn(h, k, v, mask, rotary, bias)
+        x = x + attended if self.pre_norm else self.self_norm(x + attended)
         if self.cross_attn is not None:
             assert cross is not None and self.cross_norm is not None
             cross_k, cross_v, cross_mask = cross

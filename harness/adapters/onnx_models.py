@@ -202,6 +202,32 @@ class OnnxAdapter(Adapter):
             dtype=_dtype_of(self.outputs["logits"]),
         )
 
+    # -- module outputs, where the exporter recorded them (compare's first differing module) --
+
+    def module_outputs(self, run: Any) -> list[tuple[str, Tensor]]:
+        """``(module name, output)`` of each module the exporter recorded (its nodes'
+        ``pkg.torch.onnx.name_scopes``), in the order the graph computes them, during the call
+        ``run`` makes: ``run(arm)`` calls ``arm()`` before the call to record. Empty for a
+        graph without that metadata (the TorchScript exporter's, another tool's)."""
+        records: list[tuple[str, Tensor]] = []
+
+        def arm() -> None:
+            self._recording = records
+
+        try:
+            run(arm)
+        finally:
+            self._recording = None
+        return records
+
+    def _instrumented(self) -> tuple[Any, list[tuple[str, str]]]:
+        """A session of the graph with each module's output added to its outputs, and the
+        ``(tensor, module name)`` pairs in graph order; built once."""
+        cached = self.__dict__.get("_instrumented_session")
+        if cached is None:
+            cached = self.__dict__["_instrumented_session"] = instrument(self.path_on_disk, self.session_settings)
+        return cached
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(graph=self.identity, session=self.session_settings, cache="present.* fed back as past_key_values.*")
@@ -232,10 +258,16 @@ class OnnxAdapter(Adapter):
 
     def _run(self, feed: dict) -> tuple[Tensor, tuple[np.ndarray, ...]]:
         names = ["logits", *self.present_names]
+        recording = getattr(self, "_recording", None)
+        session, modules = self._instrumented() if recording is not None else (self.model, [])
         try:
-            logits, *present = self.model.run(names, feed)
+            logits, *rest = session.run([*names, *(tensor for tensor, _ in modules)], feed)
         except Exception as exc:  # noqa: BLE001 - the graph's own error, one line
             raise AdapterError(f"ONNX Runtime raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+        present, outputs = rest[: len(self.present_names)], rest[len(self.present_names) :]
+        for (_, module), value in zip(modules, outputs):
+            if np.issubdtype(value.dtype, np.floating):
+                recording.append((module, torch.from_numpy(np.ascontiguousarray(value)).float()))
         return torch.from_numpy(np.ascontiguousarray(logits)), tuple(present)
 
     def _empty_past(self, rows: int) -> tuple[np.ndarray, ...]:
@@ -281,6 +313,49 @@ class OnnxAdapter(Adapter):
     def _rearrange(self, state: OnnxState, operation: str, index: Tensor) -> OnnxState:
         rows = index.cpu().numpy()
         return OnnxState(tuple(a[rows] for a in state.past), state.mask[index.cpu()], state.next_position[index.cpu()])
+
+
+def instrument(path: Path, settings: dict[str, Any]) -> tuple[Any, list[tuple[str, str]]]:
+    """:meth:`OnnxAdapter._instrumented`: a module's output is the one tensor its nodes make
+    that a node outside it reads (or the graph returns); a module with several is left out."""
+    import ast
+
+    import onnx
+    import onnxruntime
+
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    scopes = []
+    for node in nodes:
+        recorded = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+        scopes.append(set(ast.literal_eval(recorded)[:-1]) - {""} if recorded else set())
+    made: dict[str, int] = {output: i for i, node in enumerate(nodes) for output in node.output}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            readers.setdefault(name, []).append(i)
+    returned = {output.name for output in model.graph.output}
+    escaping: dict[str, list[str]] = {}  # module -> the tensors its nodes make that leave it
+    for tensor, maker in made.items():
+        for module in scopes[maker]:
+            outside = [r for r in readers.get(tensor, []) if module not in scopes[r]]
+            if outside or tensor in returned:
+                escaping.setdefault(module, []).append(tensor)
+    chosen = sorted(
+        (
+            (tensors[0], module)
+            for module, tensors in escaping.items()
+            if len(tensors) == 1 and tensors[0] not in returned
+        ),
+        key=lambda pair: made[pair[0]],
+    )
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(tensor) for tensor, _ in chosen)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = settings["intra_op_threads"]
+    options.log_severity_level = 3
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor named
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=[settings["provider"]])
+    return session, chosen
 
 
 def _layer_order(name: str) -> tuple[int, int]:

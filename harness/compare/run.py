@@ -36,7 +36,7 @@ from ..engine.suite import (
 from ..engine.tolerance import measure_reference_error, tolerance_for
 from ..report.reproduction import BundleError
 from .gradients import module_output_gradients
-from .layers import FirstDifference, first_difference, module_outputs, relative_tolerance
+from .layers import FirstDifference, Record, first_difference, module_outputs, relative_tolerance
 from .paired import PairedAdapter, Parting, Recorder, replay
 from .reproduction import TEST_FILE, bundle_name, write_parting
 from .weights import KeyMapping, load_weights
@@ -344,7 +344,7 @@ def compare_check(
     if located is not None:
         message += f"; {located.describe()}"
     elif parting is not None and not hookable(paired):
-        message += "; no module is named: an exported graph's nodes cannot be hooked (the smallest case is the answer)"
+        message += "; no module is named: the exported graph records no module its outputs came from, or none differs"
     elif parting is not None:
         message += "; no matched module differs: the two part in what is computed outside the models' modules"
     written = None
@@ -355,6 +355,19 @@ def compare_check(
         except (BundleError, OSError) as exc:
             message += f"; no reproduction written: {exc}"
     return CheckComparison(check.name, "fail", message, case_to_dict(failure.case), located, cases, written)
+
+
+def named_as(graph: list[Record], model: list[Record]) -> list[Record]:
+    """An exported graph's module records under the model's names: an export wrapper puts
+    its own attribute before them (``model.transformer.h.0`` for ``transformer.h.0``), so the
+    leading components whose removal names the most of the model's modules are removed."""
+    names = {record.name for record in model}
+
+    def stripped(name: str, depth: int) -> str:
+        return name.split(".", depth)[-1] if name.count(".") >= depth else name
+
+    depth = max(range(4), key=lambda d: sum(stripped(record.name, d) in names for record in graph))
+    return [dataclasses.replace(record, name=stripped(record.name, depth)) for record in graph]
 
 
 def hookable(paired: PairedAdapter) -> bool:
@@ -368,12 +381,26 @@ def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_
     output's gradient differs, going backward (``gradients.py``); None where no matched
     module differs (a loss's backward to the logits: the loss is no module)."""
     recorded = module_output_gradients if parting.kind == "gradients" else module_outputs
-    if not hookable(paired):
-        return None  # an exported graph has no modules to hook: the parting case is what is given
+    if not hookable(paired) and parting.kind == "gradients":
+        return None  # an exported graph has no backward
     records = []
     with forward_memo(False):  # the hooks must see the call made, not a remembered result
         for adapter in (paired.a, paired.b):
-            records.append(recorded(adapter.model, lambda arm, adapter=adapter: replay(adapter, parting.history, arm)))
+            run = partial(lambda arm, adapter: replay(adapter, parting.history, arm), adapter=adapter)
+            if isinstance(adapter.model, torch.nn.Module):
+                records.append(recorded(adapter.model, run))
+            elif hasattr(adapter, "module_outputs"):  # an exported graph: what its exporter recorded per module
+                records.append([Record(name, output) for name, output in adapter.module_outputs(run)])
+            else:
+                return None
+    if not all(records):
+        return None
+    if not hookable(paired):  # the graph's modules that share the model's names, matched by name
+        records = [records[0], named_as(records[1], records[0])]
+        if module_map is None:
+            module_map = {record.name: record.name for record in records[1]}
     rows = int(parting.where.shape[0])
     found = first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)
+    if found is not None and not hookable(paired) and found.matching == "mapping":
+        found = replace(found, matching="name, the graph's from its exporter's module scopes")
     return None if found is None else replace(found, backward=parting.kind == "gradients")
