@@ -259,7 +259,10 @@ def test_verdicts_cases_and_shrunk_examples_are_those_of_the_engine_before_batch
     script = Path(__file__).with_name("verdict_record.py")
     done = subprocess.run([sys.executable, str(script), "--compare"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"{len(json.loads(RECORD.read_text()))} of " in done.stdout
+    from maskcheck.reference_models.mutants import MUTANTS
+
+    unbuildable = sum(f"mutant:{name}" in json.loads(RECORD.read_text()) for name, m in MUTANTS.items() if m.missing())
+    assert f"{len(json.loads(RECORD.read_text())) - unbuildable} of " in done.stdout  # torchtune's: in its own venv
 
 
 def assert_each_request_got_its_own(
