@@ -324,8 +324,13 @@ class HFAdapter(Adapter):
         return inputs
 
     def embedding_module(self) -> Any:
-        """The input embeddings of the side whose logits are compared: the decoder's for a
-        seq2seq model (its embedding module may be the encoder's, shared, or its own)."""
+        """The input embeddings of the side whose logits are compared: the module measured to
+        embed that side's ids (``GradientCalls.embedding_module``), which is the one called
+        where ``get_input_embeddings()`` names another that shares its weight (T5's token
+        classifier embeds with ``encoder.embed_tokens``, not ``shared``); else
+        ``get_input_embeddings()``, the decoder's for a seq2seq model."""
+        if isinstance(self.model, torch.nn.Module) and self._measured_embedding() is not None:
+            return super().embedding_module()
         owner = self.model
         if self.task == "seq2seq" and callable(getattr(owner, "get_decoder", None)):
             owner = owner.get_decoder()
