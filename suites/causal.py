@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.adapters.layer_attention import LayerAttention
 from ..harness.adapters.outputs import KINDS
-from ..harness.adapters.prefix import prefix_first
+from ..harness.adapters.prefix import first_real_tokens
 from ..harness.engine.batching import Evaluation, one_forward
 from ..harness.engine.cases import (
     gradient_check,
@@ -40,7 +40,7 @@ from ..harness.engine.cases import (
     with_floor,
 )
 from ..harness.engine.influence import expected_pattern, measure_influence
-from ..harness.engine.profiles import length_cap
+from ..harness.engine.profiles import LENGTH_CAPS, length_cap
 from ..harness.engine.strategies import case_strategy, short_or_long
 from ..harness.engine.suite import Check, CheckResult, Outcome, RunContext, Suite
 
@@ -162,7 +162,7 @@ def unseen_chunk(chunk: int, length: int, profile: str) -> str | None:
         return None
     return (
         f"chunk C={chunk} not verified: the {profile} profile's cases are at most {length} tokens, so none sees a "
-        "chunk end (--profile thorough reaches 4096)"
+        f"chunk end (--profile thorough reaches {LENGTH_CAPS['thorough']})"
     )
 
 
@@ -251,7 +251,9 @@ class CausalSuite(Suite):
         bounded = {layer for layer in layers if layer.kind != "full"}
         cap = length_cap(context.profile, caps.max_length) or MAX_LENGTH
         unseen = [
-            layer.describe() for layer in sorted(bounded, key=str) if layer.kind == "chunked" and layer.width >= cap
+            reason
+            for layer in sorted(bounded, key=str)
+            if layer.kind == "chunked" and (reason := unseen_chunk(layer.width, cap, context.profile))
         ]
         if not adapter.shows_layer_attention:
             if uniform:
@@ -264,12 +266,7 @@ class CausalSuite(Suite):
                 f"{type(adapter).__name__} cannot show its layers' attention to check each layer",
             )
         if unseen:
-            return CheckResult(
-                "layer_windows",
-                "not_run",
-                f"{', '.join(unseen)} not verified: the {context.profile} profile's cases are at most {cap} tokens, "
-                "so none sees a chunk end (--profile thorough reaches 4096)",
-            )
+            return CheckResult("layer_windows", "not_run", "; ".join(unseen))
         widest = max(layer.width for layer in bounded if layer.width is not None)
         layer_length = model_length(caps, widest + LAYER_MARGIN)
         self.verified["layer_windows"] = "per layer: " + ", ".join(layer.describe() for layer in layers)
@@ -317,7 +314,7 @@ class CausalSuite(Suite):
             return Batch(source, source_mask, decoder_input_ids=ids, decoder_attention_mask=row_mask)
         prefix = None
         if adapter.capabilities.attention == "prefix_lm":
-            prefix = prefix_first([future_prefix(case)] * case.batch, mask).long()
+            prefix = first_real_tokens(mask, future_prefix(case)).long()
         return Batch(ids, row_mask, positions_for(adapter, mask) if case.padding else None, prefix_mask=prefix)
 
     def future_batches(self, adapter: Adapter, case: FutureCase) -> tuple[Batch, Batch, torch.Tensor, torch.Tensor]:
@@ -406,7 +403,7 @@ def measure_pattern(adapter: Adapter, context: RunContext, length: int, seed: in
         row, pattern = Batch(ids), caps.attention
     prefix = length // 2 if pattern == "prefix_lm" else 0
     if prefix:
-        row.prefix_mask = prefix_first([prefix], torch.ones_like(ids)).long()
+        row.prefix_mask = first_real_tokens(torch.ones_like(ids), prefix).long()
     influence = measure_influence(adapter, context, row, seed, decoder_side)
     expected = expected_pattern(length, pattern, caps.window, caps.n_layers, caps.attention_chunk, prefix)
     return influence, expected, pattern

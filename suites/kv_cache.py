@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities
 from ..harness.adapters.errors import LogitsShapeError
-from ..harness.adapters.layer_attention import chunk_of
+from ..harness.adapters.layer_attention import declared_chunk
 from ..harness.adapters.prefix import PREFIX_TOKENS
 from ..harness.engine.batching import Evaluation, Greedy, Logits
 from ..harness.engine.cases import (
@@ -95,11 +95,6 @@ def longest_prompt(capabilities: Capabilities, profile: str = "dev") -> tuple[in
     room = length_cap(profile, capabilities.max_length or 64, cached=True) - MAX_CHUNK * MAX_CHUNKS
     short = max(1, min(longest, room))
     return short, max(short, room)
-
-
-def declared_chunk(capabilities: Capabilities) -> int | None:
-    """The attention chunk of the model, or of its chunked layers."""
-    return capabilities.attention_chunk or chunk_of(capabilities.layers)
 
 
 def prompt_lengths(capabilities: Capabilities, profile: str) -> st.SearchStrategy[int]:

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ..harness.adapters.base import Adapter, Batch, Capabilities, ServingUnsupported
-from ..harness.adapters.layer_attention import LayerAttention, smallest_span
+from ..harness.adapters.layer_attention import evicting_layer
 from ..harness.adapters.memo import forward_memo, module_tensors
 from ..harness.adapters.serving import ROW_OPERATIONS
 from ..harness.engine.batching import Evaluation
@@ -429,21 +429,8 @@ class ServingSuite(Suite):
         )
         return other if other.status != "pass" or other.ratio >= one.ratio else one
 
-    @staticmethod
-    def evicting_layer(adapter: Adapter) -> LayerAttention | None:
-        """The layer whose cache keeps the fewest keys: the model's window or chunk, or its
-        layers' smallest (hybrids slide or chunk on some layers only). A chunked layer's
-        cache keeps its last C - 1 keys as a sliding one of width C does; only its mask
-        differs (the previous chunk's keys it retains are hidden)."""
-        caps = adapter.capabilities
-        if caps.attention == "sliding_window" and caps.window:
-            return LayerAttention("sliding", caps.window)
-        if caps.attention == "chunked" and caps.attention_chunk:
-            return LayerAttention("chunked", caps.attention_chunk)
-        return smallest_span(adapter.declared_layers())
-
     def eviction_check(self, b: ServingBatches, context: RunContext, rollback: str | None) -> Any:
-        layer = self.evicting_layer(b.adapter)
+        layer = evicting_layer(b.caps)
         if layer is None or layer.width is None:
             return CheckResult(
                 "window_eviction",
@@ -485,7 +472,7 @@ class ServingSuite(Suite):
         )
 
     def eviction(self, b: ServingBatches, context: RunContext, case: EvictionCase, rollback: str | None) -> Evaluation:
-        layer = self.evicting_layer(b.adapter)
+        layer = evicting_layer(b.caps)
         assert layer is not None and layer.width is not None
         window, span = layer.width, layer.describe()
         _, prompt = b.prompt([case.prompt], case.seed, 0)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .errors import AdapterError, ModelRaised, check_logits
 from .gradient_calls import GradientCalls
-from .layer_attention import LayerAttention
+from .layer_attention import LayerAttention, as_layers
 from .memo import ForwardMemo, MemoisedCalls, forward_memo, memo_storing
 from .outputs import OutputKind, vocabulary
 from .paths import (
@@ -106,14 +106,8 @@ class Capabilities:
             object.__setattr__(self, "output", vocabulary(self.vocab_size))
         if self.attention == "chunked" and not self.attention_chunk:
             raise ValueError("attention='chunked' needs attention_chunk, the chunk's width in tokens")
-        if self.layers is not None:  # LayerAttention, or its fields as a tuple or dict (a declaration in a dict)
-            layers = tuple(
-                layer if isinstance(layer, LayerAttention)
-                else LayerAttention(**layer) if isinstance(layer, dict)
-                else LayerAttention(*layer)
-                for layer in self.layers
-            )  # fmt: skip
-            object.__setattr__(self, "layers", layers)
+        if self.layers is not None:
+            object.__setattr__(self, "layers", as_layers(self.layers))
         if self.padding_side not in (None, "left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
 

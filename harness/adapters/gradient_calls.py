@@ -35,7 +35,9 @@ class GradientCalls:
         a model names in ``maskcheck_embedding`` (an attribute path or the module), else the one
         measured to embed the ids (:func:`measure_embedding`: the first module to return
         ``[B, T, D]`` floats from the ids it is given, whatever its class: TransformerLens's
-        ``Embed`` holds its own ``W_E``), else its first ``nn.Embedding``; None when there is none."""
+        ``Embed`` holds its own ``W_E``; T5's token classifier calls ``encoder.embed_tokens``,
+        not the ``shared`` that ``get_input_embeddings()`` names), else
+        :meth:`_unmeasured_embedding`; None when there is none."""
         if not isinstance(self.model, torch.nn.Module):
             return None
         declared = self._declared_module("maskcheck_embedding")
@@ -44,6 +46,10 @@ class GradientCalls:
         measured = self._measured_embedding()
         if measured is not None:
             return self.model.get_submodule(measured)
+        return self._unmeasured_embedding()
+
+    def _unmeasured_embedding(self) -> Any:
+        """Where no module is measured to embed the ids (the model raised): its first ``nn.Embedding``."""
         return next((m for m in self.model.modules() if isinstance(m, torch.nn.Embedding)), None)
 
     def _measured_embedding(self) -> str | None:

@@ -323,19 +323,15 @@ class HFAdapter(Adapter):
             inputs["use_cache"] = self.use_cache
         return inputs
 
-    def embedding_module(self) -> Any:
-        """The input embeddings of the side whose logits are compared: the module measured to
-        embed that side's ids (``GradientCalls.embedding_module``), which is the one called
-        where ``get_input_embeddings()`` names another that shares its weight (T5's token
-        classifier embeds with ``encoder.embed_tokens``, not ``shared``); else
-        ``get_input_embeddings()``, the decoder's for a seq2seq model."""
-        if isinstance(self.model, torch.nn.Module) and self._measured_embedding() is not None:
-            return super().embedding_module()
+    def _unmeasured_embedding(self) -> Any:
+        """Where no module is measured to embed the ids: ``get_input_embeddings()`` of the side
+        whose logits are compared, the decoder's for a seq2seq model (its embedding module may
+        be the encoder's, shared, or its own)."""
         owner = self.model
         if self.task == "seq2seq" and callable(getattr(owner, "get_decoder", None)):
             owner = owner.get_decoder()
         embedding = owner.get_input_embeddings() if callable(getattr(owner, "get_input_embeddings", None)) else None
-        return embedding if isinstance(embedding, torch.nn.Module) else super().embedding_module()
+        return embedding if isinstance(embedding, torch.nn.Module) else super()._unmeasured_embedding()
 
     def _default_cache_unavailable(self) -> str | None:
         if not self.takes_use_cache:

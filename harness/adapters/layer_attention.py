@@ -17,7 +17,7 @@ may read the key**.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -62,14 +62,36 @@ class LayerAttention:
         return allowed
 
 
-def chunk_of(layers: tuple[LayerAttention, ...] | list[LayerAttention] | None) -> int | None:
-    """The chunk width of the chunked layers (one width in every model that declares any), or None."""
-    widths = {layer.width for layer in layers or () if layer.kind == "chunked"}
-    return min(widths) if widths else None  # type: ignore[type-var]
+def as_layers(declared: Any) -> tuple[LayerAttention, ...]:
+    """A declaration of layers as :class:`LayerAttention` each: given so, or by its fields as a
+    tuple (``("chunked", 8)``) or a dict (a declaration written in a dict)."""
+    return tuple(
+        layer if isinstance(layer, LayerAttention)
+        else LayerAttention(**layer) if isinstance(layer, dict)
+        else LayerAttention(*layer)
+        for layer in declared
+    )  # fmt: skip
 
 
-def smallest_span(layers: tuple[LayerAttention, ...] | list[LayerAttention] | None) -> LayerAttention | None:
+def bounded_layers(capabilities: Any) -> list[LayerAttention]:
+    """The window and chunk layers a model declares (``Capabilities``): its layers' where they
+    are told apart (``layers``), else its one pattern's (``attention`` with its ``window`` or
+    ``attention_chunk``); full attention layers left out."""
+    if capabilities.layers:
+        return [layer for layer in capabilities.layers if layer.kind != "full"]
+    if capabilities.attention == "sliding_window" and capabilities.window:
+        return [LayerAttention("sliding", capabilities.window)]
+    if capabilities.attention == "chunked" and capabilities.attention_chunk:
+        return [LayerAttention("chunked", capabilities.attention_chunk)]
+    return []
+
+
+def declared_chunk(capabilities: Any) -> int | None:
+    """The attention chunk a model declares, in every layer or in its chunked layers, or None."""
+    return min((layer.width for layer in bounded_layers(capabilities) if layer.kind == "chunked"), default=None)
+
+
+def evicting_layer(capabilities: Any) -> LayerAttention | None:
     """The layer whose cache keeps the fewest keys (a window of W keeps W - 1, a chunk of C
     keeps up to C - 1): the one a cache that evicts must get right first."""
-    bounded = [layer for layer in layers or () if layer.kind != "full"]
-    return min(bounded, key=lambda layer: layer.width or 0) if bounded else None
+    return min(bounded_layers(capabilities), key=lambda layer: layer.width or 0, default=None)

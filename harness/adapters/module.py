@@ -195,7 +195,7 @@ class ModuleAdapter(Adapter):
         #: "targets" when the forward returns every position's logits only when given targets
         self.targets_keyword = "targets" if "targets" in parameters else None
         self.cache_shape = self._cache_shape(model, capabilities, keywords)
-        unreached = next((name for name in CACHE_KEYWORDS if name in forward_parameters(model)), None)
+        unreached = next((name for name in CACHE_KEYWORDS if name in parameters), None)
         if not capabilities.has_cache and unreached and capabilities.no_cache_reason is None:
             capabilities = replace(
                 capabilities,

@@ -36,6 +36,13 @@ DECLARED = ("family", "vocab_size", "pad_token_id", "eos_token_id", "padding_sid
 NO_BACKWARD = "an ONNX graph is run for inference only: it has no gradients to audit"
 NO_DEFAULTS = "an ONNX graph's inputs have no defaults: every call passes every input"
 NO_CACHE = "the graph has no past_key_values inputs (exported without a cache)"
+#: the call paths a graph does not have, and why
+UNAVAILABLE_PATHS = {
+    "bare_call": NO_DEFAULTS,
+    "default_cache": NO_DEFAULTS,
+    "training": "an ONNX graph has no train mode",
+    "float32_twin": "an ONNX graph's weights are its own: no float32 copy is made",
+}
 
 
 class OnnxLoadError(ValueError):
@@ -49,12 +56,10 @@ class OnnxState:
     next_position: Tensor  # [B]: real tokens so far
 
 
-def graph_identity(path: Path) -> dict[str, Any]:
-    """What names the graph in a report and a bundle: its path, SHA-256, opset and producer."""
-    import onnx
-
+def graph_identity(path: Path, model: Any) -> dict[str, Any]:
+    """What names the graph ``model`` (read from ``path``) in a report and a bundle: its
+    path, SHA-256, opset and producer."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    model = onnx.load(str(path), load_external_data=False)
     opsets = {entry.domain or "ai.onnx": entry.version for entry in model.opset_import}
     return {
         "path": str(path),
@@ -64,8 +69,9 @@ def graph_identity(path: Path) -> dict[str, Any]:
     }
 
 
-def check_external_data(path: Path) -> None:
-    """Every external weight file the graph names lies in its own folder (no absolute path, no ``..``)."""
+def read_graph(path: Path) -> Any:
+    """The graph at ``path`` without its weights, once every external weight file it names is
+    found to lie in its own folder (no absolute path, no ``..``)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
@@ -83,6 +89,7 @@ def check_external_data(path: Path) -> None:
             raise OnnxLoadError(f"{path}: weight file {location!r} lies outside the graph's folder; not read")
         if not target.is_file():
             raise OnnxLoadError(f"{path}: its weight file {location!r} is missing beside it")
+    return model
 
 
 def declarations(path: Path) -> dict[str, Any]:
@@ -127,7 +134,7 @@ class OnnxAdapter(Adapter):
         path = Path(path)
         if not path.is_file():
             raise OnnxLoadError(f"no such ONNX file: {path}")
-        check_external_data(path)
+        graph = read_graph(path)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         options.log_severity_level = 3  # errors only: a warning would come before maskcheck's own lines
@@ -136,7 +143,8 @@ class OnnxAdapter(Adapter):
         except Exception as exc:  # noqa: BLE001
             raise OnnxLoadError(f"{path}: ONNX Runtime refused it: {str(exc).splitlines()[0]}") from None
         self.path_on_disk = path
-        self.identity = graph_identity(path)
+        self.identity = graph_identity(path, graph)
+        self._recording: list[tuple[str, Tensor]] | None = None  # module outputs collected (module_outputs)
         self.session_settings = {
             "provider": provider,
             "graph_optimization_level": str(options.graph_optimization_level),
@@ -190,9 +198,7 @@ class OnnxAdapter(Adapter):
             # the adapter gives the ones every caller must, from the mask.
             derives_positions_from_mask="position_ids" in self.inputs,
             has_cache=bool(self.past_names),
-            no_cache_reason=None
-            if self.past_names
-            else "the graph has no past_key_values inputs (exported without a cache)",
+            no_cache_reason=None if self.past_names else NO_CACHE,
             pad_token_id=declared.get("pad_token_id"),
             eos_token_id=declared.get("eos_token_id"),
             padding_side=declared.get("padding_side"),
@@ -236,12 +242,7 @@ class OnnxAdapter(Adapter):
     # -- paths that a graph does not have ---------------------------------------------------
 
     def _unavailable(self, path: Any) -> str | None:
-        if path.bare or path.twin or path.name in ("default_cache", "training"):
-            return NO_DEFAULTS if path.bare or path.name == "default_cache" else (
-                "an ONNX graph has no train mode" if path.name == "training"
-                else "an ONNX graph's weights are its own: no float32 copy is made"
-            )  # fmt: skip
-        return super()._unavailable(path)
+        return UNAVAILABLE_PATHS.get(path.name) or super()._unavailable(path)
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -258,7 +259,7 @@ class OnnxAdapter(Adapter):
 
     def _run(self, feed: dict) -> tuple[Tensor, tuple[np.ndarray, ...]]:
         names = ["logits", *self.present_names]
-        recording = getattr(self, "_recording", None)
+        recording = self._recording
         session, modules = self._instrumented() if recording is not None else (self.model, [])
         try:
             logits, *rest = session.run([*names, *(tensor for tensor, _ in modules)], feed)

@@ -32,16 +32,19 @@ PREFIX_FORMS: dict[str, str] = {
 }
 
 
-def default_prefix(real: Tensor, segments: Tensor | None = None, tokens: int = PREFIX_TOKENS) -> Tensor:
-    """``[B, T]`` bool: the first ``tokens`` real tokens of each sequence (``real [B, T]``
-    True at real tokens; ``segments [B, T]`` the packed sequence of each token)."""
-    return real.bool() & (sequence_ordinals(real.bool(), segments) < tokens)
+def first_real_tokens(real: Tensor, count: int | list[int] | Tensor, segments: Tensor | None = None) -> Tensor:
+    """``[B, T]`` bool: the first ``count`` real tokens of each sequence (``count`` one number,
+    or one per row; ``real [B, T]`` True at real tokens; ``segments [B, T]`` the packed
+    sequence of each token, each counted from its own start)."""
+    count = torch.as_tensor(count, device=real.device)
+    if count.dim() == 1:
+        count = count[:, None]  # [B, 1]: a row's own
+    return real.bool() & (sequence_ordinals(real.bool(), segments) < count)
 
 
-def prefix_first(prefix_lengths: list[int] | Tensor, real: Tensor) -> Tensor:
-    """``[B, T]`` bool: the first ``prefix_lengths[b]`` real tokens of row ``b``."""
-    lengths = torch.as_tensor(prefix_lengths, device=real.device)
-    return real.bool() & (sequence_ordinals(real.bool()) < lengths[:, None])
+def default_prefix(real: Tensor, segments: Tensor | None = None) -> Tensor:
+    """``[B, T]`` bool: the audit's default prefix, the first :data:`PREFIX_TOKENS` real tokens of each sequence."""
+    return first_real_tokens(real, PREFIX_TOKENS, segments)
 
 
 def as_model_input(prefix: Tensor, form: str) -> Tensor:

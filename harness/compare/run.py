@@ -381,13 +381,14 @@ def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_
     output's gradient differs, going backward (``gradients.py``); None where no matched
     module differs (a loss's backward to the logits: the loss is no module)."""
     recorded = module_output_gradients if parting.kind == "gradients" else module_outputs
-    if not hookable(paired) and parting.kind == "gradients":
+    graphs = [not isinstance(side.model, torch.nn.Module) for side in (paired.a, paired.b)]
+    if any(graphs) and parting.kind == "gradients":
         return None  # an exported graph has no backward
     records = []
     with forward_memo(False):  # the hooks must see the call made, not a remembered result
-        for adapter in (paired.a, paired.b):
-            run = partial(lambda arm, adapter: replay(adapter, parting.history, arm), adapter=adapter)
-            if isinstance(adapter.model, torch.nn.Module):
+        for adapter, graph in zip((paired.a, paired.b), graphs):
+            run = partial(replay, adapter, parting.history)  # run(arm): arm() before the last call
+            if not graph:
                 records.append(recorded(adapter.model, run))
             elif hasattr(adapter, "module_outputs"):  # an exported graph: what its exporter recorded per module
                 records.append([Record(name, output) for name, output in adapter.module_outputs(run)])
@@ -395,12 +396,13 @@ def locate(parting: Parting, paired: PairedAdapter, context: RunContext, module_
                 return None
     if not all(records):
         return None
-    if not hookable(paired):  # the graph's modules that share the model's names, matched by name
-        records = [records[0], named_as(records[1], records[0])]
+    if any(graphs) and not all(graphs):  # a graph's modules under the model's names, matched by name
+        graph, model = (0, 1) if graphs[0] else (1, 0)
+        records[graph] = named_as(records[graph], records[model])
         if module_map is None:
-            module_map = {record.name: record.name for record in records[1]}
+            module_map = {record.name: record.name for record in records[graph]}
     rows = int(parting.where.shape[0])
     found = first_difference(*records, relative_tolerance(context.tolerance, context.dtype), rows, module_map)
-    if found is not None and not hookable(paired) and found.matching == "mapping":
+    if found is not None and any(graphs) and found.matching == "mapping":
         found = replace(found, matching="name, the graph's from its exporter's module scopes")
     return None if found is None else replace(found, backward=parting.kind == "gradients")
